@@ -1,0 +1,207 @@
+//! Error types for sending and receiving.
+//!
+//! A send that fails hands the value back, inside the error, so nothing is lost.
+
+use std::error::Error;
+use std::fmt;
+
+/// The channel is closed: returned by `send`, `blocking_send` and `requeue`.
+///
+/// The value that could not be sent is inside, and [`into_inner`](Self::into_inner) hands it
+/// back.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use sorted_channel::{error::SendError, timed};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let (tx, rx) = timed::channel::<&str, i32>(Duration::from_secs(1));
+/// drop(rx);
+/// let err = tx.send("a", 1).await.unwrap_err();
+/// assert_eq!(err, SendError(("a", 1)));
+/// assert_eq!(err.into_inner(), ("a", 1));
+/// # }
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct SendError<T>(pub T);
+
+/// Why [`try_send`](crate::timed::Sender::try_send) could not send: returned by the
+/// `try_send` methods.
+///
+/// Either way, the value is inside.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use sorted_channel::{error::TrySendError, timed};
+///
+/// let (tx, rx) = timed::Builder::new(Duration::from_secs(1))
+///     .capacity(1)
+///     .build::<&str, i32>();
+/// tx.try_send("a", 1).unwrap();
+/// assert_eq!(tx.try_send("a", 2), Err(TrySendError::Full(("a", 2))));
+/// rx.close();
+/// assert_eq!(tx.try_send("a", 3), Err(TrySendError::Closed(("a", 3))));
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum TrySendError<T> {
+    /// The channel has no room: it holds `capacity` pending values, or earlier `send` calls
+    /// are still waiting for room.
+    Full(T),
+    /// The channel is closed.
+    Closed(T),
+}
+
+/// Why [`try_recv`](crate::timed::Receiver::try_recv) returned no batch: returned by the
+/// `try_recv` methods.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use sorted_channel::{error::TryRecvError, timed};
+///
+/// let (tx, mut rx) = timed::channel::<&str, i32>(Duration::from_secs(1));
+/// tx.try_send("a", 1).unwrap();
+/// assert_eq!(rx.try_recv(), Err(TryRecvError::Empty)); // pending, but not due yet
+/// drop(tx); // closing makes everything due at once
+/// assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1])]));
+/// assert_eq!(rx.try_recv(), Err(TryRecvError::Disconnected));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TryRecvError {
+    /// No key is due yet. Values may be pending with a later deadline.
+    Empty,
+    /// The channel is closed and every pending value has been delivered.
+    Disconnected,
+}
+
+// ===== impl SendError =====
+
+impl<T> SendError<T> {
+    /// Returns the value that could not be sent.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::error::SendError;
+    ///
+    /// assert_eq!(SendError(("a", 1)).into_inner(), ("a", 1));
+    /// ```
+    pub fn into_inner(self) -> T {
+        self.0
+    }
+
+    pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U) -> SendError<U> {
+        SendError(f(self.0))
+    }
+}
+
+impl<T> fmt::Debug for SendError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SendError(..)")
+    }
+}
+
+impl<T> fmt::Display for SendError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("sending on a closed channel")
+    }
+}
+
+impl<T> Error for SendError<T> {}
+
+// ===== impl TrySendError =====
+
+impl<T> TrySendError<T> {
+    /// Returns the value that could not be sent.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::error::TrySendError;
+    ///
+    /// assert_eq!(TrySendError::Full(7).into_inner(), 7);
+    /// ```
+    pub fn into_inner(self) -> T {
+        match self {
+            TrySendError::Full(value) | TrySendError::Closed(value) => value,
+        }
+    }
+
+    /// Whether the channel had no room.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::error::TrySendError;
+    ///
+    /// assert!(TrySendError::Full(()).is_full());
+    /// ```
+    pub fn is_full(&self) -> bool {
+        matches!(self, TrySendError::Full(_))
+    }
+
+    /// Whether the channel was closed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::error::TrySendError;
+    ///
+    /// assert!(TrySendError::Closed(()).is_closed());
+    /// ```
+    pub fn is_closed(&self) -> bool {
+        matches!(self, TrySendError::Closed(_))
+    }
+
+    pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U) -> TrySendError<U> {
+        match self {
+            TrySendError::Full(value) => TrySendError::Full(f(value)),
+            TrySendError::Closed(value) => TrySendError::Closed(f(value)),
+        }
+    }
+}
+
+impl<T> From<SendError<T>> for TrySendError<T> {
+    fn from(err: SendError<T>) -> Self {
+        TrySendError::Closed(err.0)
+    }
+}
+
+impl<T> fmt::Debug for TrySendError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TrySendError::Full(_) => f.write_str("Full(..)"),
+            TrySendError::Closed(_) => f.write_str("Closed(..)"),
+        }
+    }
+}
+
+impl<T> fmt::Display for TrySendError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TrySendError::Full(_) => f.write_str("sending on a full channel"),
+            TrySendError::Closed(_) => f.write_str("sending on a closed channel"),
+        }
+    }
+}
+
+impl<T> Error for TrySendError<T> {}
+
+// ===== impl TryRecvError =====
+
+impl fmt::Display for TryRecvError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TryRecvError::Empty => f.write_str("no batch is due yet"),
+            TryRecvError::Disconnected => f.write_str("receiving on a closed and drained channel"),
+        }
+    }
+}
+
+impl Error for TryRecvError {}

@@ -1,0 +1,120 @@
+//! Keyed batching channels for tokio.
+//!
+//! Values go in under a key. They come out grouped per key, in batches of
+//! `Vec<(K, Vec<V>)>`, when the key is due. The receiver is a [`Stream`] of batches.
+//!
+//! Two flavours share one core:
+//!
+//! - [`timed`]: a key is due a fixed *window* after its first pending value arrived. This
+//!   is for pushing many tiny records to many customers: each customer gets one request per
+//!   window instead of one per record.
+//! - [`ordered`]: every key is due at once, and keys come out by any `Ord` sort key
+//!   (priority, weight, age).
+//!
+//! Both wrap [`queue::SortedQueue`], a synchronous sorted keyed queue you can also use on
+//! its own.
+//!
+//! [`Stream`]: futures_core::Stream
+//!
+//! # Hello, batches
+//!
+//! ```
+//! use std::time::Duration;
+//! use sorted_channel::timed;
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let (tx, mut rx) = timed::channel(Duration::from_secs(1));
+//!
+//! tokio::spawn(async move {
+//!     for i in 0..3 {
+//!         tx.send("customer-1", i).await.unwrap();
+//!         tx.send("customer-2", i * 10).await.unwrap();
+//!     }
+//! });
+//!
+//! // One second after each customer's first record, all of its records arrive together.
+//! let batch = rx.recv().await.unwrap();
+//! assert_eq!(
+//!     batch,
+//!     vec![("customer-1", vec![0, 1, 2]), ("customer-2", vec![0, 10, 20])],
+//! );
+//! # }
+//! ```
+//!
+//! # When a key is due
+//!
+//! - **`timed`**: a key's deadline is the smallest deadline among its pending values. `send`
+//!   gives a value the deadline `now + window`, taken when the value enters the channel (after
+//!   any wait for room); `send_by` gives it the deadline passed in. A key is due when its
+//!   deadline is at or before now. A key holding `max_values_per_key` values is due at once.
+//!   Time is [`tokio::time::Instant`]: monotonic, and paused in tests.
+//! - **`ordered`**: every key is due at once; a key ranks by the smallest sort key among its
+//!   pending values.
+//!
+//! # What a batch holds
+//!
+//! - Due keys in rank order (earliest deadline, or smallest sort key). Ties go to the key
+//!   whose current run of pending values started first. A key that empties and fills again
+//!   counts as a new arrival.
+//! - Each key with all of its pending values, in the order they were sent.
+//! - At most `max_batch` values in all. A key with more values than the room left is split:
+//!   the rest keep its rank and lead the next batch, unless a key of smaller rank has come
+//!   due meanwhile.
+//! - Never nothing: a batch is never empty.
+//!
+//! Every value is delivered exactly once. Cloned receivers share the work: each batch goes
+//! to one of them.
+//!
+//! # No polling
+//!
+//! A waiting receiver sleeps on one tokio timer, reset to the earliest deadline. A sender
+//! wakes it only when the earliest deadline moves earlier, or when the channel closes, so a
+//! receiver waiting on a quiet channel is not woken at all. A receiver that leaves due work
+//! behind wakes another waiting receiver.
+//!
+//! # Capacity
+//!
+//! `capacity(n)` bounds pending values. `send` waits for room, first come first served;
+//! `try_send` returns [`TrySendError::Full`](error::TrySendError::Full) with the value.
+//! Room returns as soon as a batch is taken. Values handed back with `requeue` always go in,
+//! so the pending count may exceed `n`.
+//!
+//! # Failed deliveries
+//!
+//! A consumer whose delivery failed hands the batch back with `requeue`. The values go in
+//! front of the key's newer values; in `timed` the key is due at once, in `ordered` it ranks
+//! by the smaller of its sort key and the one given.
+//!
+//! # Disconnection
+//!
+//! The channel closes when every sender is dropped or a receiver calls `close`. Sends then
+//! fail and hand the value back. Every pending key is due at once, batches still respect
+//! `max_batch`, and the stream ends once everything is delivered. A `requeue` before the end
+//! joins the flush.
+//!
+//! When every receiver is dropped, sends fail and hand the value back, and the pending
+//! values are dropped.
+//!
+//! # Panics in user code
+//!
+//! A key whose `Hash`, `Eq` or `Clone` panics (or a sort key whose `Ord` or `Clone` does)
+//! makes that call panic. The channel stays usable: the lock is not left poisoned, and no
+//! other key's values are lost.
+
+#![forbid(unsafe_code)]
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    rust_2018_idioms,
+    unreachable_pub
+)]
+
+mod chan;
+pub mod error;
+pub mod ordered;
+pub mod queue;
+pub mod timed;
+
+/// A batch: due keys in rank order, each with its pending values in the order they were sent.
+pub type Batch<K, V> = Vec<(K, Vec<V>)>;

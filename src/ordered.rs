@@ -1,0 +1,588 @@
+//! Keyed batches ordered by any `Ord` sort key: priority, weight, age, and so on.
+//!
+//! Each value is sent with a sort key. A key ranks by the smallest sort key among its
+//! pending values, and every key is due at once: a batch holds the best-ranked keys, up to
+//! [`Builder::max_batch`] values. Order is ascending; wrap the sort key in
+//! [`std::cmp::Reverse`] for descending.
+//!
+//! # Examples
+//!
+//! ```
+//! use sorted_channel::ordered;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let (tx, mut rx) = ordered::channel();
+//! tx.send(5, "low", 'a').await.unwrap();
+//! tx.send(1, "urgent", 'b').await.unwrap();
+//! tx.send(9, "low", 'c').await.unwrap();
+//! assert_eq!(
+//!     rx.recv().await,
+//!     Some(vec![("urgent", vec!['b']), ("low", vec!['a', 'c'])]),
+//! );
+//! # }
+//! ```
+
+use std::fmt;
+use std::hash::Hash;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures_core::Stream;
+use tokio::time::Instant;
+
+use crate::chan::{self, Config, Flavor};
+use crate::error::{SendError, TryRecvError, TrySendError};
+use crate::Batch;
+
+/// The `ordered` flavour: ranks are the senders' sort keys, and every key is due at once.
+struct Ordered<S>(PhantomData<fn() -> S>);
+
+impl<S> Flavor for Ordered<S> {
+    type Rank = S;
+    type Input = S;
+
+    fn rank(sort_key: S, _: Instant, _: usize, _: &Config) -> S {
+        sort_key
+    }
+
+    fn is_due(_: &S, _: Instant) -> bool {
+        true
+    }
+
+    fn deadline(_: &S) -> Option<Instant> {
+        None
+    }
+}
+
+/// Creates an unbounded `ordered` channel.
+///
+/// Use a [`Builder`] to cap batches or bound the channel.
+///
+/// # Examples
+///
+/// ```
+/// use sorted_channel::ordered;
+///
+/// let (tx, mut rx) = ordered::channel();
+/// tx.try_send(2, "b", ()).unwrap();
+/// tx.try_send(1, "a", ()).unwrap();
+/// assert_eq!(rx.try_recv(), Ok(vec![("a", vec![()]), ("b", vec![()])]));
+/// ```
+pub fn channel<S: Ord + Clone, K: Hash + Eq + Clone, V>() -> (Sender<S, K, V>, Receiver<S, K, V>) {
+    Builder::new().build()
+}
+
+/// Builds an `ordered` channel with limits.
+///
+/// Every limit is off by default.
+///
+/// # Examples
+///
+/// ```
+/// use sorted_channel::ordered;
+///
+/// let (tx, rx) = ordered::Builder::new()
+///     .max_batch(100)
+///     .capacity(10_000)
+///     .build::<u32, u64, String>();
+/// # drop((tx, rx));
+/// ```
+#[derive(Clone, Debug)]
+pub struct Builder {
+    config: Config,
+}
+
+impl Builder {
+    /// Starts a builder with every limit off.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::ordered::Builder;
+    ///
+    /// let (tx, rx) = Builder::new().build::<u8, &str, ()>();
+    /// # drop((tx, rx));
+    /// ```
+    pub fn new() -> Self {
+        Builder {
+            config: Config::new(Duration::ZERO),
+        }
+    }
+
+    /// Caps the number of values in one batch.
+    ///
+    /// A key with more values than the room left in a batch is split: its oldest values fill
+    /// the batch, and the rest keep the key's rank for the next one.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `n` is 0.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::ordered::Builder;
+    ///
+    /// let (tx, mut rx) = Builder::new().max_batch(2).build();
+    /// tx.try_send(1, "a", 1).unwrap();
+    /// tx.try_send(2, "b", 2).unwrap();
+    /// tx.try_send(3, "c", 3).unwrap();
+    /// assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1]), ("b", vec![2])]));
+    /// assert_eq!(rx.try_recv(), Ok(vec![("c", vec![3])]));
+    /// ```
+    #[track_caller]
+    pub fn max_batch(mut self, n: usize) -> Self {
+        self.config.max_batch(n);
+        self
+    }
+
+    /// Bounds the pending values: `send` waits and `try_send` fails while `n` are pending.
+    ///
+    /// Room returns as soon as a batch is taken. Requeued values count as pending but are
+    /// always accepted, so the pending count can exceed `n`.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `n` is 0.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::ordered::Builder;
+    ///
+    /// let (tx, rx) = Builder::new().capacity(1).build();
+    /// tx.try_send(1, "k", 1).unwrap();
+    /// assert!(tx.try_send(1, "k", 2).unwrap_err().is_full());
+    /// # drop(rx);
+    /// ```
+    #[track_caller]
+    pub fn capacity(mut self, n: usize) -> Self {
+        self.config.capacity(n);
+        self
+    }
+
+    /// Creates the channel.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::cmp::Reverse;
+    /// use sorted_channel::ordered::Builder;
+    ///
+    /// // Highest weight first.
+    /// let (tx, rx) = Builder::new().build::<Reverse<u32>, String, Vec<u8>>();
+    /// # drop((tx, rx));
+    /// ```
+    pub fn build<S: Ord + Clone, K: Hash + Eq + Clone, V>(
+        self,
+    ) -> (Sender<S, K, V>, Receiver<S, K, V>) {
+        let (tx, rx) = chan::channel(self.config);
+        (Sender { inner: tx }, Receiver { inner: rx })
+    }
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Sends values into an `ordered` channel.
+///
+/// Clone it to send from many tasks. The channel closes when the last sender is dropped.
+///
+/// # Examples
+///
+/// ```
+/// use sorted_channel::ordered;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let (tx, mut rx) = ordered::channel();
+/// let tx2 = tx.clone();
+/// tokio::spawn(async move { tx2.send(1, "k", "first").await.unwrap() })
+///     .await
+///     .unwrap();
+/// drop(tx);
+/// assert_eq!(rx.recv().await, Some(vec![("k", vec!["first"])]));
+/// assert_eq!(rx.recv().await, None);
+/// # }
+/// ```
+pub struct Sender<S, K, V> {
+    inner: chan::Sender<Ordered<S>, K, V>,
+}
+
+impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
+    /// Sends a value with its sort key, waiting for room if the channel is bounded and full.
+    ///
+    /// The key ranks by the smallest sort key among its pending values.
+    ///
+    /// # Errors
+    ///
+    /// If the channel is closed, the sort key, key and value come back in the error.
+    ///
+    /// # Cancel safety
+    ///
+    /// If the future is dropped before it completes, the value is dropped with it and was
+    /// not sent, and the call gives up its place in the line of waiting senders.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::ordered;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let (tx, rx) = ordered::channel();
+    /// tx.send(3, "k", 'a').await.unwrap();
+    /// rx.close();
+    /// assert_eq!(tx.send(1, "k", 'b').await.unwrap_err().into_inner(), (1, "k", 'b'));
+    /// # }
+    /// ```
+    pub async fn send(&self, sort_key: S, key: K, value: V) -> Result<(), SendError<(S, K, V)>> {
+        self.inner.send(sort_key, key, value).await
+    }
+
+    /// Sends a value now, if the channel has room.
+    ///
+    /// # Errors
+    ///
+    /// [`TrySendError::Closed`] if the channel is closed, and [`TrySendError::Full`] if it
+    /// holds `capacity` pending values or earlier `send` calls are waiting for room. A closed
+    /// channel reports `Closed` even when full. The sort key, key and value come back either
+    /// way.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::ordered;
+    ///
+    /// let (tx, rx) = ordered::channel();
+    /// tx.try_send(0, "k", 1).unwrap();
+    /// assert_eq!(rx.len(), 1);
+    /// ```
+    pub fn try_send(&self, sort_key: S, key: K, value: V) -> Result<(), TrySendError<(S, K, V)>> {
+        self.inner.try_send(sort_key, key, value)
+    }
+
+    /// Sends a value from a plain thread, blocking it while the channel is full.
+    ///
+    /// Do not call this from async code: it blocks the executor's thread. It needs no
+    /// runtime.
+    ///
+    /// # Errors
+    ///
+    /// If the channel is closed, the sort key, key and value come back in the error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::ordered;
+    ///
+    /// let (tx, mut rx) = ordered::channel();
+    /// std::thread::spawn(move || tx.blocking_send(1, "k", 'v').unwrap())
+    ///     .join()
+    ///     .unwrap();
+    /// assert_eq!(rx.try_recv(), Ok(vec![("k", vec!['v'])]));
+    /// ```
+    pub fn blocking_send(&self, sort_key: S, key: K, value: V) -> Result<(), SendError<(S, K, V)>> {
+        self.inner.blocking_send(sort_key, key, value)
+    }
+
+    /// Whether the channel is closed: by [`Receiver::close`], or because every receiver is
+    /// gone. Sends then fail.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::ordered;
+    ///
+    /// let (tx, rx) = ordered::channel::<u8, u8, u8>();
+    /// rx.close();
+    /// assert!(tx.is_closed());
+    /// ```
+    pub fn is_closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+
+    /// Pending values, over all keys: the same count as [`Receiver::len`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::ordered;
+    ///
+    /// let (tx, _rx) = ordered::channel();
+    /// tx.try_send(1, "a", ()).unwrap();
+    /// tx.try_send(2, "b", ()).unwrap();
+    /// assert_eq!(tx.len(), 2);
+    /// ```
+    pub fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    /// Whether no value is pending.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::ordered;
+    ///
+    /// let (tx, _rx) = ordered::channel::<u8, u8, u8>();
+    /// assert!(tx.is_empty());
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<S, K, V> Clone for Sender<S, K, V> {
+    fn clone(&self) -> Self {
+        Sender {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<S, K, V> fmt::Debug for Sender<S, K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sender").finish_non_exhaustive()
+    }
+}
+
+/// Receives batches from an `ordered` channel.
+///
+/// It is a [`Stream`] of batches, each holding the best-ranked keys (ties go to the key whose
+/// pending values started first), each with its values in the order they were sent. Clones
+/// share the work: each batch goes to exactly one of them. The stream ends once the channel
+/// is closed and drained.
+///
+/// # Examples
+///
+/// ```
+/// use futures::StreamExt;
+/// use sorted_channel::ordered;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let (tx, rx) = ordered::Builder::new().max_batch(1).build();
+/// tx.send(2, "b", ()).await.unwrap();
+/// tx.send(1, "a", ()).await.unwrap();
+/// drop(tx);
+/// let keys: Vec<_> = rx.map(|batch| batch[0].0).collect().await;
+/// assert_eq!(keys, vec!["a", "b"]);
+/// # }
+/// ```
+pub struct Receiver<S, K, V> {
+    inner: chan::Receiver<Ordered<S>, K, V>,
+}
+
+impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
+    /// Waits for the next batch; `None` once the channel is closed and drained.
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is cancel safe: if it is dropped before it completes, no value has left
+    /// the channel.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::ordered;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let (tx, mut rx) = ordered::channel();
+    /// tx.send(1, "k", 'v').await.unwrap();
+    /// drop(tx);
+    /// assert_eq!(rx.recv().await, Some(vec![("k", vec!['v'])]));
+    /// assert_eq!(rx.recv().await, None);
+    /// # }
+    /// ```
+    pub async fn recv(&mut self) -> Option<Batch<K, V>> {
+        self.inner.recv().await
+    }
+
+    /// Polls for the next batch, for code that implements futures or streams by hand.
+    ///
+    /// Returns `Poll::Pending` while nothing is pending, and `Poll::Ready(None)` once the
+    /// channel is closed and drained.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::future::poll_fn;
+    /// use sorted_channel::ordered;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let (tx, mut rx) = ordered::channel();
+    /// tx.send(1, "k", 'v').await.unwrap();
+    /// let batch = poll_fn(|cx| rx.poll_recv(cx)).await;
+    /// assert_eq!(batch, Some(vec![("k", vec!['v'])]));
+    /// # }
+    /// ```
+    pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Batch<K, V>>> {
+        self.inner.poll_recv(cx)
+    }
+
+    /// Takes the next batch if anything is pending.
+    ///
+    /// # Errors
+    ///
+    /// [`TryRecvError::Empty`] if nothing is pending, and [`TryRecvError::Disconnected`] once
+    /// the channel is closed and drained.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::{error::TryRecvError, ordered};
+    ///
+    /// let (tx, mut rx) = ordered::channel();
+    /// assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    /// tx.try_send(1, "k", 'v').unwrap();
+    /// assert_eq!(rx.try_recv(), Ok(vec![("k", vec!['v'])]));
+    /// ```
+    pub fn try_recv(&mut self) -> Result<Batch<K, V>, TryRecvError> {
+        self.inner.try_recv()
+    }
+
+    /// Closes the channel for sending, without dropping what is pending.
+    ///
+    /// Sends then fail and hand their value back; the stream ends once what is pending is
+    /// delivered. Waiting senders and receivers are woken.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::ordered;
+    ///
+    /// let (tx, mut rx) = ordered::channel();
+    /// tx.try_send(1, "k", 'v').unwrap();
+    /// rx.close();
+    /// assert!(tx.try_send(1, "k", 'w').unwrap_err().is_closed());
+    /// assert_eq!(rx.try_recv(), Ok(vec![("k", vec!['v'])]));
+    /// ```
+    pub fn close(&self) {
+        self.inner.close()
+    }
+
+    /// Hands back values whose delivery failed, so they are delivered again.
+    ///
+    /// The values go in front of any newer values of the key, and the key's rank becomes the
+    /// smaller of its rank and `sort_key`. A requeue always has room: it may take the pending
+    /// count past the capacity.
+    ///
+    /// # Errors
+    ///
+    /// Once a receiver has seen the end of the stream (`recv` returned `None`), nothing will
+    /// be delivered again, and the sort key, key and values come back in the error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::ordered;
+    ///
+    /// let (tx, mut rx) = ordered::channel();
+    /// tx.try_send(5, "k", 1).unwrap();
+    /// let (key, values) = rx.try_recv().unwrap().remove(0);
+    /// tx.try_send(5, "k", 2).unwrap();
+    /// rx.requeue(5, key, values).unwrap();
+    /// assert_eq!(rx.try_recv(), Ok(vec![("k", vec![1, 2])]));
+    /// ```
+    pub fn requeue(
+        &self,
+        sort_key: S,
+        key: K,
+        values: Vec<V>,
+    ) -> Result<(), SendError<(S, K, Vec<V>)>> {
+        self.inner.requeue(sort_key, key, values)
+    }
+
+    /// Pending values, over all keys.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::ordered;
+    ///
+    /// let (tx, rx) = ordered::channel();
+    /// tx.try_send(1, "a", ()).unwrap();
+    /// tx.try_send(1, "a", ()).unwrap();
+    /// assert_eq!(rx.len(), 2);
+    /// ```
+    pub fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    /// Pending keys: keys with at least one pending value.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::ordered;
+    ///
+    /// let (tx, rx) = ordered::channel();
+    /// tx.try_send(1, "a", ()).unwrap();
+    /// tx.try_send(1, "a", ()).unwrap();
+    /// assert_eq!(rx.key_count(), 1);
+    /// ```
+    pub fn key_count(&self) -> usize {
+        self.inner.key_count()
+    }
+
+    /// Whether no value is pending.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::ordered;
+    ///
+    /// let (tx, rx) = ordered::channel::<u8, u8, u8>();
+    /// assert!(rx.is_empty());
+    /// # drop(tx);
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether the channel is closed for sending.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::ordered;
+    ///
+    /// let (tx, rx) = ordered::channel::<u8, u8, u8>();
+    /// drop(tx);
+    /// assert!(rx.is_closed());
+    /// ```
+    pub fn is_closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+}
+
+impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Stream for Receiver<S, K, V> {
+    type Item = Batch<K, V>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.get_mut().poll_recv(cx)
+    }
+}
+
+impl<S, K, V> Clone for Receiver<S, K, V> {
+    fn clone(&self) -> Self {
+        Receiver {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<S, K, V> fmt::Debug for Receiver<S, K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Receiver").finish_non_exhaustive()
+    }
+}

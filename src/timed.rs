@@ -1,0 +1,773 @@
+//! Per-key time-window batching: a key's values come out together, at most `window` after
+//! the first of them was sent.
+//!
+//! A value sent with [`Sender::send`] is due `window` after it enters the channel. A key is
+//! due at the smallest deadline among its pending values, so the first value of a quiet key
+//! sets the pace and later values ride along. [`Sender::send_by`] gives one value a tighter
+//! deadline of its own, and [`Builder::max_values_per_key`] makes a busy key due at once.
+//!
+//! The [`Receiver`] sleeps on one tokio timer until the earliest deadline; it does not poll.
+//!
+//! # Examples
+//!
+//! ```
+//! use std::time::Duration;
+//! use sorted_channel::timed;
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let (tx, mut rx) = timed::channel(Duration::from_millis(100));
+//! tx.send("alice", 1).await.unwrap();
+//! tx.send("bob", 2).await.unwrap();
+//! tx.send("alice", 3).await.unwrap();
+//!
+//! // 100 ms later both keys are due, in the order they first arrived.
+//! let batch = rx.recv().await.unwrap();
+//! assert_eq!(batch, vec![("alice", vec![1, 3]), ("bob", vec![2])]);
+//! # }
+//! ```
+
+use std::fmt;
+use std::hash::Hash;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures_core::Stream;
+use tokio::time::Instant;
+
+use crate::chan::{self, Config, Flavor};
+use crate::error::{SendError, TryRecvError, TrySendError};
+use crate::Batch;
+
+/// The `timed` flavour: ranks are deadlines.
+enum Timed {}
+
+/// When a value wants its key to be due.
+enum Due {
+    /// `window` after it enters the channel.
+    Window,
+    /// At this instant, or at once if it has passed.
+    By(Instant),
+    /// At once (a requeued batch).
+    Now,
+}
+
+impl Flavor for Timed {
+    type Rank = Instant;
+    type Input = Due;
+
+    fn rank(due: Due, now: Instant, key_len: usize, config: &Config) -> Instant {
+        let deadline = match due {
+            Due::Window => now
+                .checked_add(config.window)
+                .unwrap_or_else(|| far_future(now)),
+            Due::By(deadline) => deadline,
+            Due::Now => now,
+        };
+        if key_len >= config.max_values_per_key {
+            deadline.min(now)
+        } else {
+            deadline
+        }
+    }
+
+    fn is_due(deadline: &Instant, now: Instant) -> bool {
+        *deadline <= now
+    }
+
+    fn deadline(deadline: &Instant) -> Option<Instant> {
+        Some(*deadline)
+    }
+}
+
+/// A deadline for windows too long to add to `now`: about 30 years, later than any program
+/// waits, and still monotonic in `now`, so the FIFO order holds.
+fn far_future(now: Instant) -> Instant {
+    now + Duration::from_secs(30 * 365 * 24 * 60 * 60)
+}
+
+/// Creates an unbounded `timed` channel whose keys are due `window` after their first
+/// pending value was sent.
+///
+/// A zero `window` is valid: every value is due as soon as it is sent, and batches hold what
+/// piled up while the receiver was busy. Use a [`Builder`] to set limits.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use sorted_channel::timed;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let (tx, mut rx) = timed::channel(Duration::from_secs(1));
+/// tx.send(7, "hello").await.unwrap();
+/// assert_eq!(rx.recv().await, Some(vec![(7, vec!["hello"])]));
+/// # }
+/// ```
+pub fn channel<K: Hash + Eq + Clone, V>(window: Duration) -> (Sender<K, V>, Receiver<K, V>) {
+    Builder::new(window).build()
+}
+
+/// Builds a `timed` channel with limits.
+///
+/// Every limit is off by default.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use sorted_channel::timed;
+///
+/// let (tx, rx) = timed::Builder::new(Duration::from_secs(1))
+///     .max_batch(100)
+///     .max_values_per_key(10)
+///     .capacity(10_000)
+///     .build::<u64, String>();
+/// # drop((tx, rx));
+/// ```
+#[derive(Clone, Debug)]
+pub struct Builder {
+    config: Config,
+}
+
+impl Builder {
+    /// Starts a builder for keys that are due `window` after their first pending value.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed::Builder;
+    ///
+    /// let (tx, rx) = Builder::new(Duration::ZERO).build::<&str, u8>();
+    /// # drop((tx, rx));
+    /// ```
+    pub fn new(window: Duration) -> Self {
+        Builder {
+            config: Config::new(window),
+        }
+    }
+
+    /// Caps the number of values in one batch.
+    ///
+    /// A key with more values than the room left in a batch is split: its oldest values fill
+    /// the batch, and the rest keep the key's place at the front of the next one.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `n` is 0.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed::Builder;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let (tx, mut rx) = Builder::new(Duration::ZERO).max_batch(2).build();
+    /// for v in 1..=3 {
+    ///     tx.send("k", v).await.unwrap();
+    /// }
+    /// assert_eq!(rx.recv().await, Some(vec![("k", vec![1, 2])]));
+    /// assert_eq!(rx.recv().await, Some(vec![("k", vec![3])]));
+    /// # }
+    /// ```
+    #[track_caller]
+    pub fn max_batch(mut self, n: usize) -> Self {
+        self.config.max_batch(n);
+        self
+    }
+
+    /// Makes a key due at once when it holds `n` pending values, whatever its deadline.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `n` is 0.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed::Builder;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let (tx, mut rx) = Builder::new(Duration::from_secs(60))
+    ///     .max_values_per_key(2)
+    ///     .build();
+    /// tx.send("k", 1).await.unwrap();
+    /// tx.send("k", 2).await.unwrap(); // full: due now, not in a minute
+    /// assert_eq!(rx.try_recv(), Ok(vec![("k", vec![1, 2])]));
+    /// # }
+    /// ```
+    #[track_caller]
+    pub fn max_values_per_key(mut self, n: usize) -> Self {
+        self.config.max_values_per_key(n);
+        self
+    }
+
+    /// Bounds the pending values: `send` waits and `try_send` fails while `n` are pending.
+    ///
+    /// Room returns as soon as a batch is taken. Requeued values count as pending but are
+    /// always accepted, so the pending count can exceed `n`.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `n` is 0.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed::Builder;
+    ///
+    /// let (tx, rx) = Builder::new(Duration::from_secs(1)).capacity(1).build();
+    /// tx.try_send("k", 1).unwrap();
+    /// assert!(tx.try_send("k", 2).unwrap_err().is_full());
+    /// # drop(rx);
+    /// ```
+    #[track_caller]
+    pub fn capacity(mut self, n: usize) -> Self {
+        self.config.capacity(n);
+        self
+    }
+
+    /// Creates the channel.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed::Builder;
+    ///
+    /// let (tx, rx) = Builder::new(Duration::from_secs(1)).build::<String, Vec<u8>>();
+    /// # drop((tx, rx));
+    /// ```
+    pub fn build<K: Hash + Eq + Clone, V>(self) -> (Sender<K, V>, Receiver<K, V>) {
+        let (tx, rx) = chan::channel(self.config);
+        (Sender { inner: tx }, Receiver { inner: rx })
+    }
+}
+
+/// Sends values into a `timed` channel.
+///
+/// Clone it to send from many tasks. The channel closes when the last sender is dropped;
+/// what is pending is then all due at once.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use sorted_channel::timed;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let (tx, mut rx) = timed::channel(Duration::from_secs(1));
+/// let tx2 = tx.clone();
+/// tokio::spawn(async move { tx2.send("k", 2).await.unwrap() });
+/// tx.send("k", 1).await.unwrap();
+/// drop(tx);
+/// let mut values = rx.recv().await.unwrap().remove(0).1;
+/// values.sort();
+/// assert_eq!(values, vec![1, 2]);
+/// # }
+/// ```
+pub struct Sender<K, V> {
+    inner: chan::Sender<Timed, K, V>,
+}
+
+impl<K: Hash + Eq + Clone, V> Sender<K, V> {
+    /// Sends a value that wants its key due `window` after it enters the channel, waiting
+    /// for room if the channel is bounded and full.
+    ///
+    /// The window starts when the value goes in, after any wait for room.
+    ///
+    /// # Errors
+    ///
+    /// If the channel is closed, the key and value come back in the error.
+    ///
+    /// # Cancel safety
+    ///
+    /// If the future is dropped before it completes, the value is dropped with it and was
+    /// not sent, and the call gives up its place in the line of waiting senders.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let (tx, rx) = timed::channel(Duration::from_secs(1));
+    /// tx.send("k", 1).await.unwrap();
+    /// drop(rx);
+    /// assert_eq!(tx.send("k", 2).await.unwrap_err().into_inner(), ("k", 2));
+    /// # }
+    /// ```
+    pub async fn send(&self, key: K, value: V) -> Result<(), SendError<(K, V)>> {
+        let sent = self.inner.send(Due::Window, key, value).await;
+        sent.map_err(|err| err.map(without_due))
+    }
+
+    /// Sends a value that wants its key due no later than `deadline`, waiting for room if
+    /// the channel is bounded and full.
+    ///
+    /// This is a latency budget for one value: the key is due at the earlier of its current
+    /// deadline and `deadline`. A deadline in the past makes the key due at once.
+    ///
+    /// # Errors
+    ///
+    /// If the channel is closed, the key and value come back in the error.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`send`](Self::send).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use sorted_channel::timed;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let (tx, rx) = timed::channel(Duration::from_secs(10));
+    /// let soon = Instant::now() + Duration::from_millis(5);
+    /// tx.send("k", 1).await.unwrap();
+    /// tx.send_by("k", 2, soon).await.unwrap();
+    /// assert_eq!(rx.next_deadline(), Some(soon));
+    /// # }
+    /// ```
+    pub async fn send_by(
+        &self,
+        key: K,
+        value: V,
+        deadline: Instant,
+    ) -> Result<(), SendError<(K, V)>> {
+        let sent = self.inner.send(Due::By(deadline), key, value).await;
+        sent.map_err(|err| err.map(without_due))
+    }
+
+    /// Sends a value now, if the channel has room.
+    ///
+    /// # Errors
+    ///
+    /// [`TrySendError::Closed`] if the channel is closed, and [`TrySendError::Full`] if it
+    /// holds `capacity` pending values or earlier `send` calls are waiting for room. A closed
+    /// channel reports `Closed` even when full. The key and value come back either way.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed;
+    ///
+    /// let (tx, rx) = timed::channel(Duration::from_secs(1));
+    /// tx.try_send("k", 1).unwrap();
+    /// assert_eq!(rx.len(), 1);
+    /// ```
+    pub fn try_send(&self, key: K, value: V) -> Result<(), TrySendError<(K, V)>> {
+        let sent = self.inner.try_send(Due::Window, key, value);
+        sent.map_err(|err| err.map(without_due))
+    }
+
+    /// Sends a value that wants its key due no later than `deadline`, if the channel has
+    /// room.
+    ///
+    /// # Errors
+    ///
+    /// As for [`try_send`](Self::try_send).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use sorted_channel::timed;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let (tx, mut rx) = timed::channel(Duration::from_secs(10));
+    /// tx.try_send_by("k", 1, Instant::now()).unwrap();
+    /// assert_eq!(rx.try_recv(), Ok(vec![("k", vec![1])]));
+    /// # }
+    /// ```
+    pub fn try_send_by(
+        &self,
+        key: K,
+        value: V,
+        deadline: Instant,
+    ) -> Result<(), TrySendError<(K, V)>> {
+        let sent = self.inner.try_send(Due::By(deadline), key, value);
+        sent.map_err(|err| err.map(without_due))
+    }
+
+    /// Sends a value from a plain thread, blocking it while the channel is full.
+    ///
+    /// Do not call this from async code: it blocks the executor's thread. It needs no
+    /// runtime.
+    ///
+    /// # Errors
+    ///
+    /// If the channel is closed, the key and value come back in the error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed;
+    ///
+    /// let (tx, mut rx) = timed::channel(Duration::ZERO);
+    /// std::thread::spawn(move || tx.blocking_send("k", 1).unwrap())
+    ///     .join()
+    ///     .unwrap();
+    /// assert_eq!(rx.try_recv(), Ok(vec![("k", vec![1])]));
+    /// ```
+    pub fn blocking_send(&self, key: K, value: V) -> Result<(), SendError<(K, V)>> {
+        let sent = self.inner.blocking_send(Due::Window, key, value);
+        sent.map_err(|err| err.map(without_due))
+    }
+
+    /// Whether the channel is closed: by [`Receiver::close`], or because every receiver is
+    /// gone. Sends then fail.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed;
+    ///
+    /// let (tx, rx) = timed::channel::<u8, u8>(Duration::from_secs(1));
+    /// assert!(!tx.is_closed());
+    /// drop(rx);
+    /// assert!(tx.is_closed());
+    /// ```
+    pub fn is_closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+
+    /// Pending values, over all keys: the same count as [`Receiver::len`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed;
+    ///
+    /// let (tx, _rx) = timed::channel(Duration::from_secs(1));
+    /// tx.try_send("a", 1).unwrap();
+    /// tx.try_send("a", 2).unwrap();
+    /// assert_eq!(tx.len(), 2);
+    /// ```
+    pub fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    /// Whether no value is pending.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed;
+    ///
+    /// let (tx, _rx) = timed::channel::<u8, u8>(Duration::from_secs(1));
+    /// assert!(tx.is_empty());
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn without_due<K, V>((_, key, value): (Due, K, V)) -> (K, V) {
+    (key, value)
+}
+
+impl<K, V> Clone for Sender<K, V> {
+    fn clone(&self) -> Self {
+        Sender {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<K, V> fmt::Debug for Sender<K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sender").finish_non_exhaustive()
+    }
+}
+
+/// Receives batches from a `timed` channel.
+///
+/// It is a [`Stream`] of batches. Each batch holds due keys in deadline order (ties go to
+/// the key whose pending values started first), each with its values in the order they were
+/// sent. Clones share the work: each batch goes to exactly one of them. When the channel is
+/// closed, everything pending is due at once, and the stream ends once it is delivered.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use futures::StreamExt;
+/// use sorted_channel::timed;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let (tx, rx) = timed::channel(Duration::from_millis(10));
+/// tx.send("a", 1).await.unwrap();
+/// drop(tx);
+/// let batches: Vec<_> = rx.collect().await;
+/// assert_eq!(batches, vec![vec![("a", vec![1])]]);
+/// # }
+/// ```
+pub struct Receiver<K, V> {
+    inner: chan::Receiver<Timed, K, V>,
+}
+
+impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
+    /// Waits for the next batch; `None` once the channel is closed and drained.
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is cancel safe: if it is dropped before it completes, no value has left
+    /// the channel. If this receiver was the one sleeping on the next deadline, another
+    /// waiting receiver takes over.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let (tx, mut rx) = timed::channel(Duration::from_secs(1));
+    /// tx.send("k", 1).await.unwrap();
+    /// drop(tx);
+    /// assert_eq!(rx.recv().await, Some(vec![("k", vec![1])]));
+    /// assert_eq!(rx.recv().await, None);
+    /// # }
+    /// ```
+    pub async fn recv(&mut self) -> Option<Batch<K, V>> {
+        self.inner.recv().await
+    }
+
+    /// Polls for the next batch, for code that implements futures or streams by hand.
+    ///
+    /// Returns `Poll::Pending` until a key is due, and `Poll::Ready(None)` once the channel is
+    /// closed and drained. When pending, the waker in `cx` is woken when a key may be due.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::future::poll_fn;
+    /// use std::time::Duration;
+    /// use sorted_channel::timed;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let (tx, mut rx) = timed::channel(Duration::ZERO);
+    /// tx.send("k", 1).await.unwrap();
+    /// let batch = poll_fn(|cx| rx.poll_recv(cx)).await;
+    /// assert_eq!(batch, Some(vec![("k", vec![1])]));
+    /// # }
+    /// ```
+    pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Batch<K, V>>> {
+        self.inner.poll_recv(cx)
+    }
+
+    /// Takes the next batch if a key is due now.
+    ///
+    /// # Errors
+    ///
+    /// [`TryRecvError::Empty`] if no key is due yet, and [`TryRecvError::Disconnected`] once
+    /// the channel is closed and drained.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::{error::TryRecvError, timed};
+    ///
+    /// let (tx, mut rx) = timed::channel(Duration::ZERO);
+    /// assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    /// tx.try_send("k", 1).unwrap();
+    /// assert_eq!(rx.try_recv(), Ok(vec![("k", vec![1])]));
+    /// ```
+    pub fn try_recv(&mut self) -> Result<Batch<K, V>, TryRecvError> {
+        self.inner.try_recv()
+    }
+
+    /// Closes the channel for sending, without dropping what is pending.
+    ///
+    /// Sends then fail and hand their value back. Every pending key becomes due at once, and
+    /// the stream ends once they are delivered. Waiting senders and receivers are woken.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let (tx, mut rx) = timed::channel(Duration::from_secs(3600));
+    /// tx.send("k", 1).await.unwrap();
+    /// rx.close();
+    /// assert!(tx.send("k", 2).await.is_err());
+    /// assert_eq!(rx.recv().await, Some(vec![("k", vec![1])])); // no hour-long wait
+    /// assert_eq!(rx.recv().await, None);
+    /// # }
+    /// ```
+    pub fn close(&self) {
+        self.inner.close()
+    }
+
+    /// Hands back values whose delivery failed, so they are delivered again.
+    ///
+    /// The values go in front of any newer values of the key, and the key is due at once. A
+    /// requeue always has room: it may take the pending count past the capacity.
+    ///
+    /// # Errors
+    ///
+    /// Once a receiver has seen the end of the stream (`recv` returned `None`), nothing will
+    /// be delivered again, and the key and values come back in the error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let (tx, mut rx) = timed::channel(Duration::from_secs(1));
+    /// tx.send("k", 1).await.unwrap();
+    /// let (key, values) = rx.recv().await.unwrap().remove(0);
+    /// tx.send("k", 2).await.unwrap();
+    /// // Delivery failed: put the values back.
+    /// rx.requeue(key, values).unwrap();
+    /// assert_eq!(rx.try_recv(), Ok(vec![("k", vec![1, 2])]));
+    /// # }
+    /// ```
+    pub fn requeue(&self, key: K, values: Vec<V>) -> Result<(), SendError<(K, Vec<V>)>> {
+        let requeued = self.inner.requeue(Due::Now, key, values);
+        requeued.map_err(|err| err.map(without_due))
+    }
+
+    /// Pending values, over all keys.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed;
+    ///
+    /// let (tx, rx) = timed::channel(Duration::from_secs(1));
+    /// tx.try_send("a", 1).unwrap();
+    /// tx.try_send("a", 2).unwrap();
+    /// assert_eq!(rx.len(), 2);
+    /// assert_eq!(rx.key_count(), 1);
+    /// ```
+    pub fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    /// Pending keys: keys with at least one pending value.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed;
+    ///
+    /// let (tx, rx) = timed::channel(Duration::from_secs(1));
+    /// tx.try_send("a", 1).unwrap();
+    /// tx.try_send("b", 2).unwrap();
+    /// assert_eq!(rx.key_count(), 2);
+    /// ```
+    pub fn key_count(&self) -> usize {
+        self.inner.key_count()
+    }
+
+    /// Whether no value is pending.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed;
+    ///
+    /// let (tx, rx) = timed::channel(Duration::from_secs(1));
+    /// assert!(rx.is_empty());
+    /// tx.try_send("a", 1).unwrap();
+    /// assert!(!rx.is_empty());
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The earliest deadline among pending keys: when the next batch is due.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use sorted_channel::timed;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let (tx, rx) = timed::channel(Duration::from_secs(1));
+    /// assert_eq!(rx.next_deadline(), None);
+    /// tx.send("a", 1).await.unwrap();
+    /// assert_eq!(rx.next_deadline(), Some(Instant::now() + Duration::from_secs(1)));
+    /// # }
+    /// ```
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.inner.next_deadline()
+    }
+
+    /// Whether the channel is closed for sending.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed;
+    ///
+    /// let (tx, rx) = timed::channel::<u8, u8>(Duration::from_secs(1));
+    /// drop(tx);
+    /// assert!(rx.is_closed());
+    /// ```
+    pub fn is_closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+}
+
+impl<K: Hash + Eq + Clone, V> Stream for Receiver<K, V> {
+    type Item = Batch<K, V>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.get_mut().poll_recv(cx)
+    }
+}
+
+impl<K, V> Clone for Receiver<K, V> {
+    fn clone(&self) -> Self {
+        Receiver {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<K, V> fmt::Debug for Receiver<K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Receiver").finish_non_exhaustive()
+    }
+}
