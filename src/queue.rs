@@ -446,11 +446,13 @@ where
         let hash = self.hasher.hash_one(&key);
         let id = self.next_id;
         self.next_id += 1;
-        match self.slots.entry(hash, |s| s.key == key, |s| s.hash) {
+        // Only a lowered rank leaves a stale ticket behind; only a new ticket can lead.
+        let (pushed, stale) = match self.slots.entry(hash, |s| s.key == key, |s| s.hash) {
             Entry::Occupied(mut entry) => {
                 let slot = entry.get_mut();
                 let rank = rank(slot.values.len() + count);
-                if rank < slot.rank {
+                let lowered = rank < slot.rank;
+                if lowered {
                     let ticket = Ticket {
                         rank: rank.clone(),
                         seq: slot.seq,
@@ -464,6 +466,7 @@ where
                     slot.ticket = id;
                 }
                 put(&mut slot.values);
+                (lowered, lowered)
             }
             Entry::Vacant(entry) => {
                 let rank = rank(count);
@@ -486,21 +489,24 @@ where
                     seq: id,
                     ticket: id,
                 });
+                (true, false)
             }
-        }
+        };
         self.values += count;
-        self.dirty = true;
-        self.prune();
-        // Lowering a rank leaves the old ticket behind. Rebuild once stale tickets outnumber
-        // live ones, so the index stays O(keys): amortized O(log n) per stale ticket.
-        if self.fifo.len() + self.heap.len() > 2 * self.slots.len() + SMALL {
-            self.rebuild();
+        if stale {
+            self.dirty = true;
+            self.prune();
+            // Rebuild once stale tickets outnumber live ones, so the index stays O(keys):
+            // amortized O(log n) per stale ticket.
+            if self.fifo.len() + self.heap.len() > 2 * self.slots.len() + SMALL {
+                self.rebuild();
+            }
+            self.dirty = false;
         }
-        let leads = self
-            .front_side()
-            .is_some_and(|side| self.ticket(side).id == id);
-        self.dirty = false;
-        leads
+        pushed
+            && self
+                .front_side()
+                .is_some_and(|side| self.ticket(side).id == id)
     }
 
     /// Which index holds the smallest live ticket.
@@ -610,5 +616,328 @@ impl<R, K, V> fmt::Debug for SortedQueue<R, K, V> {
             .field("keys", &self.slots.len())
             .field("values", &self.values)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    fn all<R: Ord + Clone, K: Hash + Eq + Clone, V>(
+        q: &mut SortedQueue<R, K, V>,
+    ) -> Vec<(K, Vec<V>)> {
+        q.pop_batch(usize::MAX, |_| true)
+    }
+
+    #[test]
+    fn aggregates_values_per_key_in_send_order() {
+        let mut q = SortedQueue::new();
+        q.push("a", 1, 5);
+        q.push("b", 2, 6);
+        q.push("a", 3, 7);
+        assert_eq!(all(&mut q), vec![("a", vec![1, 3]), ("b", vec![2])]);
+        assert!(q.is_empty());
+        assert_eq!(q.key_count(), 0);
+    }
+
+    #[test]
+    fn rank_is_smallest_of_pending_values() {
+        let mut q = SortedQueue::new();
+        q.push("a", 1, 10);
+        q.push("b", 2, 5);
+        assert!(q.push("a", 3, 1), "a's rank drops to 1, so it leads");
+        assert_eq!(q.peek_rank(), Some(&1));
+        assert!(!q.push("a", 4, 100), "a higher rank does not raise a key");
+        assert_eq!(all(&mut q), vec![("a", vec![1, 3, 4]), ("b", vec![2])]);
+    }
+
+    #[test]
+    fn ties_go_to_earliest_run() {
+        let mut q = SortedQueue::new();
+        q.push("b", 1, 3);
+        q.push("a", 2, 3);
+        q.push("c", 3, 3);
+        let keys: Vec<_> = all(&mut q).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(keys, ["b", "a", "c"]);
+    }
+
+    #[test]
+    fn a_refilled_key_is_a_new_arrival() {
+        let mut q = SortedQueue::new();
+        q.push("a", 1, 0);
+        q.push("b", 2, 0);
+        assert_eq!(q.pop_batch(1, |_| true), vec![("a", vec![1])]);
+        q.push("a", 3, 0);
+        let keys: Vec<_> = all(&mut q).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(keys, ["b", "a"]);
+    }
+
+    #[test]
+    fn split_keeps_rank_and_place() {
+        let mut q = SortedQueue::new();
+        q.push("a", 1, 1);
+        q.push("a", 2, 1);
+        q.push("a", 3, 1);
+        q.push("b", 4, 2);
+        assert_eq!(q.pop_batch(2, |_| true), vec![("a", vec![1, 2])]);
+        assert_eq!(q.peek_rank(), Some(&1));
+        // The remainder leads, and the split did not make it a new arrival.
+        q.push("c", 5, 1);
+        assert_eq!(
+            q.pop_batch(3, |_| true),
+            vec![("a", vec![3]), ("c", vec![5]), ("b", vec![4])]
+        );
+    }
+
+    #[test]
+    fn split_remainder_yields_to_smaller_rank() {
+        let mut q = SortedQueue::new();
+        q.push("a", 1, 5);
+        q.push("a", 2, 5);
+        assert_eq!(q.pop_batch(1, |_| true), vec![("a", vec![1])]);
+        q.push("b", 3, 4);
+        assert_eq!(all(&mut q), vec![("b", vec![3]), ("a", vec![2])]);
+    }
+
+    #[test]
+    fn stops_at_first_key_not_due() {
+        let mut q = SortedQueue::new();
+        q.push("a", 1, 1);
+        q.push("b", 2, 5);
+        q.push("c", 3, 2);
+        assert_eq!(
+            q.pop_batch(10, |r| *r <= 2),
+            vec![("a", vec![1]), ("c", vec![3])]
+        );
+        assert!(q.pop_batch(10, |r| *r <= 4).is_empty());
+        assert_eq!(q.len(), 1);
+        assert!(q.pop_batch(0, |_| true).is_empty(), "no room, no batch");
+    }
+
+    #[test]
+    fn requeue_goes_in_front_and_lowers_rank() {
+        let mut q = SortedQueue::new();
+        q.push("a", 3, 10);
+        q.push("b", 9, 5);
+        assert!(q.requeue("a", vec![1, 2], 1));
+        assert!(
+            !q.requeue("b", vec![], 0),
+            "nothing to requeue changes nothing"
+        );
+        assert_eq!(q.len(), 4);
+        assert_eq!(all(&mut q), vec![("a", vec![1, 2, 3]), ("b", vec![9])]);
+        assert!(
+            q.requeue("c", vec![7], 3),
+            "requeue of an absent key starts a run"
+        );
+        assert_eq!(all(&mut q), vec![("c", vec![7])]);
+    }
+
+    #[test]
+    fn push_with_sees_key_length() {
+        let mut q = SortedQueue::new();
+        let mut seen = Vec::new();
+        for v in 0..3 {
+            q.push_with("a", v, |len| {
+                seen.push(len);
+                10
+            });
+        }
+        assert_eq!(seen, [1, 2, 3]);
+    }
+
+    #[test]
+    fn leads_reports_new_front_only() {
+        let mut q = SortedQueue::new();
+        assert!(q.push(1, (), 5), "none to some");
+        assert!(!q.push(2, (), 5), "equal rank, later run: behind");
+        assert!(!q.push(1, (), 5), "same key, same rank: nothing moved");
+        assert!(q.push(3, (), 4), "smaller rank leads");
+        assert!(!q.push(4, (), 9));
+    }
+
+    #[test]
+    fn out_of_order_ranks_sort() {
+        let mut q = SortedQueue::new();
+        let ranks = [50, 10, 40, 20, 30, 0, 60, 5];
+        for (key, rank) in ranks.iter().enumerate() {
+            q.push(key, *rank, *rank);
+        }
+        let got: Vec<i32> = all(&mut q).into_iter().map(|(_, v)| v[0]).collect();
+        let mut want = ranks.to_vec();
+        want.sort();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn stale_tickets_stay_bounded() {
+        let mut q = SortedQueue::new();
+        // Every push lowers the rank of one of ten keys: each leaves a stale ticket.
+        for i in 0..100_000i64 {
+            q.push(i % 10, i, -i);
+        }
+        assert_eq!(q.len(), 100_000);
+        let index = q.fifo.len() + q.heap.len();
+        assert!(
+            index <= 2 * q.key_count() + SMALL + 1,
+            "index has {index} tickets"
+        );
+        let batch = all(&mut q);
+        assert_eq!(batch.len(), 10);
+        assert_eq!(batch[0].0, 9, "key 9 got the smallest rank last");
+        assert_eq!(batch.iter().map(|(_, v)| v.len()).sum::<usize>(), 100_000);
+    }
+
+    #[test]
+    fn memory_falls_back_after_drain() {
+        let mut q = SortedQueue::new();
+        for key in 0..200_000u32 {
+            q.push(key, key, key);
+        }
+        let (keys, index) = q.capacity();
+        assert!(keys >= 200_000 && index >= 200_000);
+        while !q.pop_batch(997, |_| true).is_empty() {}
+        let (keys, index) = q.capacity();
+        assert!(keys <= 2 * SMALL, "key capacity {keys}");
+        assert!(index <= 2 * SMALL, "index capacity {index}");
+    }
+
+    thread_local! {
+        static PANIC_ON: Cell<Option<u32>> = const { Cell::new(None) };
+    }
+
+    fn trip(id: u32, what: &str) {
+        if PANIC_ON.with(Cell::get) == Some(id) {
+            panic!("{what} panics on {id}");
+        }
+    }
+
+    /// A key whose `Hash`, `Eq` and `Clone` panic on a chosen id.
+    #[derive(Debug)]
+    struct Touchy(u32);
+
+    impl Hash for Touchy {
+        fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+            trip(self.0, "hash");
+            self.0.hash(state);
+        }
+    }
+
+    impl PartialEq for Touchy {
+        fn eq(&self, other: &Self) -> bool {
+            trip(self.0, "eq");
+            trip(other.0, "eq");
+            self.0 == other.0
+        }
+    }
+
+    impl Eq for Touchy {}
+
+    impl Clone for Touchy {
+        fn clone(&self) -> Self {
+            trip(self.0, "clone");
+            Touchy(self.0)
+        }
+    }
+
+    /// A rank whose `Ord` panics on a chosen id.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    struct TouchyRank(u32);
+
+    impl Ord for TouchyRank {
+        fn cmp(&self, other: &Self) -> Ordering {
+            trip(self.0, "cmp");
+            trip(other.0, "cmp");
+            self.0.cmp(&other.0)
+        }
+    }
+
+    impl PartialOrd for TouchyRank {
+        fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+            Some(self.cmp(other))
+        }
+    }
+
+    fn panics(f: impl FnOnce()) -> bool {
+        catch_unwind(AssertUnwindSafe(f)).is_err()
+    }
+
+    fn ids(batch: Vec<(Touchy, Vec<u32>)>) -> Vec<(u32, Vec<u32>)> {
+        batch.into_iter().map(|(k, v)| (k.0, v)).collect()
+    }
+
+    #[test]
+    fn panicking_hash_loses_nothing() {
+        let mut q = SortedQueue::new();
+        for id in 0..50 {
+            q.push(Touchy(id), id, id);
+        }
+        PANIC_ON.with(|p| p.set(Some(7)));
+        assert!(panics(|| {
+            q.push(Touchy(7), 100, 0);
+        }));
+        PANIC_ON.with(|p| p.set(None));
+        assert_eq!(q.len(), 50);
+        let batch = ids(q.pop_batch(usize::MAX, |_| true));
+        let want: Vec<_> = (0..50).map(|id| (id, vec![id])).collect();
+        assert_eq!(batch, want);
+    }
+
+    #[test]
+    fn panicking_eq_loses_nothing() {
+        let mut q = SortedQueue::new();
+        for id in 0..50 {
+            q.push(Touchy(id), id, 10);
+        }
+        // Eq runs when the probe meets key 3 itself.
+        PANIC_ON.with(|p| p.set(Some(3)));
+        assert!(panics(|| {
+            q.push(Touchy(3), 100, 0);
+        }));
+        // Taking batches never calls Eq or Hash, even with the switch still on.
+        let batch = ids(q.pop_batch(usize::MAX, |_| true));
+        PANIC_ON.with(|p| p.set(None));
+        assert_eq!(batch.len(), 50);
+        assert!(batch.iter().all(|(id, v)| *v == vec![*id]));
+    }
+
+    #[test]
+    fn panicking_clone_during_split_loses_nothing() {
+        let mut q = SortedQueue::new();
+        q.push(Touchy(1), 1, 0);
+        q.push(Touchy(2), 2, 1);
+        q.push(Touchy(2), 3, 1);
+        PANIC_ON.with(|p| p.set(Some(2)));
+        // Key 1 fits; key 2 must be split, which clones it: the call panics.
+        assert!(panics(|| {
+            q.pop_batch(2, |_| true);
+        }));
+        PANIC_ON.with(|p| p.set(None));
+        assert_eq!(q.len(), 3);
+        let batch = ids(q.pop_batch(usize::MAX, |_| true));
+        assert_eq!(batch, vec![(1, vec![1]), (2, vec![2, 3])]);
+    }
+
+    #[test]
+    fn panicking_ord_loses_nothing() {
+        let mut q = SortedQueue::new();
+        // Descending ranks go to the heap, where pushes and pops compare.
+        for id in (10..60).rev() {
+            q.push(id, id, TouchyRank(id));
+        }
+        PANIC_ON.with(|p| p.set(Some(33)));
+        assert!(panics(|| {
+            q.pop_batch(usize::MAX, |_| true);
+        }));
+        assert!(panics(|| {
+            q.push(5, 5, TouchyRank(33));
+        }));
+        PANIC_ON.with(|p| p.set(None));
+        assert_eq!(q.len(), 50);
+        let batch = q.pop_batch(usize::MAX, |_| true);
+        let want: Vec<_> = (10..60).map(|id| (id, vec![id])).collect();
+        assert_eq!(batch, want);
     }
 }
