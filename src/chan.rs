@@ -15,10 +15,12 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{self, Thread};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 
 use crate::error::{SendError, TryRecvError, TrySendError};
-use crate::queue::SortedQueue;
+use crate::queue::{Items, Run, SortedQueue};
+use crate::stats::{Deliveries, Stats};
 use crate::Batch;
 
 /// A refused send or requeue, with what was handed in.
@@ -32,67 +34,125 @@ pub(crate) trait Flavor {
     /// What a sender supplies to rank a value. A refused send hands it back.
     type Input;
 
-    /// The rank of a value sent at `now`, once its key holds `key_len` values.
-    fn rank(input: Self::Input, now: Instant, key_len: usize, config: &Config) -> Self::Rank;
+    /// The rank of a value that enters at `now`, once its key holds `values` values of
+    /// total weight `weight`.
+    fn rank(
+        input: Self::Input,
+        now: Instant,
+        values: usize,
+        weight: usize,
+        config: &Config,
+    ) -> Self::Rank;
 
     /// Whether a key of this rank may be delivered at `now`.
     fn is_due(rank: &Self::Rank, now: Instant) -> bool;
+
+    /// Why a key of this rank came due, once it has.
+    fn why(rank: &Self::Rank) -> Why;
 
     /// The time at which a key of this rank becomes due, if that is a time.
     fn deadline(rank: &Self::Rank) -> Option<Instant>;
 }
 
-/// Limits set by a builder.
+/// Why a key came due, for [`Deliveries`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Why {
+    /// Its deadline passed (`timed`), or it was simply pending (`ordered`).
+    Due,
+    /// It reached `max_values_per_key` or `max_key_weight`.
+    FullKey,
+    /// `flush`, `flush_all` or `drain_now`.
+    Flush,
+}
+
+/// Limits set by a builder. `usize::MAX` means no limit.
 #[derive(Clone, Debug)]
 pub(crate) struct Config {
     /// Most values in one batch.
     pub(crate) max_batch: usize,
+    /// Most weight in one batch.
+    pub(crate) max_batch_weight: usize,
     /// Most pending values that `send` and `try_send` fill up to.
     pub(crate) capacity: usize,
+    /// Most pending weight that `send` and `try_send` fill up to.
+    pub(crate) max_weight: usize,
+    /// Most pending keys that `send` and `try_send` open.
+    pub(crate) max_keys: usize,
     /// The batching window (`timed` only).
     pub(crate) window: Duration,
     /// A key holding this many values is due at once (`timed` only).
     pub(crate) max_values_per_key: usize,
+    /// A key of this weight is due at once (`timed` only).
+    pub(crate) max_key_weight: usize,
 }
 
 impl Config {
     pub(crate) fn new(window: Duration) -> Self {
         Config {
             max_batch: usize::MAX,
+            max_batch_weight: usize::MAX,
             capacity: usize::MAX,
+            max_weight: usize::MAX,
+            max_keys: usize::MAX,
             window,
             max_values_per_key: usize::MAX,
+            max_key_weight: usize::MAX,
         }
     }
 
+    /// Sets a limit, which must be at least 1.
     #[track_caller]
-    pub(crate) fn max_batch(&mut self, n: usize) {
-        assert!(
-            n > 0,
-            "max_batch must be at least 1: a batch is never empty"
-        );
-        self.max_batch = n;
+    pub(crate) fn set(limit: &mut usize, n: usize, name: &str) {
+        assert!(n > 0, "{name} must be at least 1");
+        *limit = n;
     }
 
-    #[track_caller]
-    pub(crate) fn capacity(&mut self, n: usize) {
-        assert!(
-            n > 0,
-            "capacity must be at least 1: a channel that holds nothing cannot send"
-        );
-        self.capacity = n;
+    /// Whether a key of `values` values and total `weight` is full: due at once.
+    pub(crate) fn is_full(&self, values: usize, weight: usize) -> bool {
+        values >= self.max_values_per_key || weight >= self.max_key_weight
     }
+}
 
-    #[track_caller]
-    pub(crate) fn max_values_per_key(&mut self, n: usize) {
-        assert!(n > 0, "max_values_per_key must be at least 1");
-        self.max_values_per_key = n;
+/// Weighs values for the weight limits: [`timed::Builder::weigher`](crate::timed::Builder::weigher)
+/// and [`ordered::Builder::weigher`](crate::ordered::Builder::weigher) take one.
+///
+/// It is implemented for `Fn(&V) -> usize + Send + Sync + 'static` closures, and for `()`,
+/// which weighs every value 1.
+pub trait Weigher<V>: sealed::Sealed<V> {}
+
+mod sealed {
+    use std::sync::Arc;
+
+    /// A shared weigher.
+    pub(crate) type Weigh<V> = Arc<dyn Fn(&V) -> usize + Send + Sync>;
+
+    pub trait Sealed<V> {
+        fn into_weigh(self) -> Option<Weigh<V>>;
+    }
+}
+
+impl<V> Weigher<V> for () {}
+
+impl<V> sealed::Sealed<V> for () {
+    fn into_weigh(self) -> Option<sealed::Weigh<V>> {
+        None
+    }
+}
+
+impl<V, F: Fn(&V) -> usize + Send + Sync + 'static> Weigher<V> for F {}
+
+impl<V, F: Fn(&V) -> usize + Send + Sync + 'static> sealed::Sealed<V> for F {
+    fn into_weigh(self) -> Option<sealed::Weigh<V>> {
+        Some(Arc::new(self))
     }
 }
 
 struct Chan<F: Flavor, K, V> {
     state: Mutex<State<F::Rank, K, V>>,
     config: Config,
+    weigh: Option<sealed::Weigh<V>>,
+    /// Wakes `closed()` calls.
+    closed: Notify,
 }
 
 struct State<R, K, V> {
@@ -107,37 +167,62 @@ struct State<R, K, V> {
     /// Receivers waiting for a batch, oldest first. Only the first one sleeps on its timer,
     /// so that a deadline wakes one receiver, not all of them.
     recv_waiters: Vec<(u64, Waker)>,
-    /// `send` calls waiting for room, first come first served.
-    send_waiters: VecDeque<(u64, Waker)>,
+    /// Sends waiting for room (capacity, weight), first come first served.
+    room_waiters: VecDeque<(u64, Waker)>,
+    /// Sends of a new key waiting for a key slot (`max_keys`). They wait apart, so that
+    /// values for pending keys still go in.
+    key_waiters: VecDeque<(u64, Waker)>,
+    /// When each pending run started, oldest first; runs that ended are dropped lazily.
+    arrivals: VecDeque<(Run, Instant)>,
+    counts: Counts,
     next_id: u64,
 }
 
-impl<F: Flavor, K, V> Chan<F, K, V> {
-    /// Locks the state. A panic in user code (`Hash`, `Eq`, `Ord`, `Clone`) can poison the
-    /// lock, but the queue is whole at every point where such code runs, so the state is
-    /// still good and the lock is taken anyway: a panicking key must not wedge the channel.
-    fn lock(&self) -> MutexGuard<'_, State<F::Rank, K, V>> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
+/// Running totals for [`Stats`].
+#[derive(Default)]
+struct Counts {
+    sent: u64,
+    delivered: u64,
+    batches: u64,
+    requeued: u64,
+    by: Deliveries,
 }
 
-impl<R, K, V> State<R, K, V> {
-    fn first_recv_waiter(&self) -> Option<Waker> {
-        self.recv_waiters.first().map(|(_, w)| w.clone())
-    }
-
-    fn first_send_waiter(&self) -> Option<Waker> {
-        self.send_waiters.front().map(|(_, w)| w.clone())
-    }
-
-    fn take_id(&mut self) -> u64 {
-        self.next_id += 1;
-        self.next_id
-    }
+/// Which wait queue a waiting send is in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Line {
+    Room,
+    Key,
 }
 
-fn wake(wakers: impl IntoIterator<Item = Waker>) {
-    wakers.into_iter().for_each(Waker::wake);
+/// A waiting send's place in one of the wait queues.
+#[derive(Clone, Copy)]
+pub(crate) struct Place {
+    id: u64,
+    line: Line,
+}
+
+/// Why a send could not go in now.
+enum Blocked {
+    Closed,
+    Room,
+    Key,
+}
+
+/// A value on its way in, weighed before the lock is taken.
+pub(crate) struct Item<F: Flavor, K, V> {
+    input: F::Input,
+    key: K,
+    value: V,
+    weight: usize,
+}
+
+/// Wakers to wake once the lock is released: a receiver, a send waiting for room, and a
+/// send waiting for a key slot.
+type Wakes = [Option<Waker>; 3];
+
+fn wake(wakers: impl IntoIterator<Item = Option<Waker>>) {
+    wakers.into_iter().flatten().for_each(Waker::wake);
 }
 
 /// Stores `waker` in `slot` unless it would wake the same task already.
@@ -147,7 +232,276 @@ fn update_waker(slot: &mut Waker, waker: &Waker) {
     }
 }
 
-pub(crate) fn channel<F: Flavor, K, V>(config: Config) -> (Sender<F, K, V>, Receiver<F, K, V>)
+fn first(waiters: &VecDeque<(u64, Waker)>) -> Option<Waker> {
+    waiters.front().map(|(_, w)| w.clone())
+}
+
+impl<F: Flavor, K, V> Chan<F, K, V> {
+    /// Locks the state. A panic in user code (`Hash`, `Eq`, `Ord`, `Clone`) can poison the
+    /// lock, but the queue is whole at every point where such code runs, so the state is
+    /// still good and the lock is taken anyway: a panicking key must not wedge the channel.
+    fn lock(&self) -> MutexGuard<'_, State<F::Rank, K, V>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn weigh(&self, value: &V) -> usize {
+        self.weigh.as_ref().map_or(1, |weigh| weigh(value))
+    }
+
+    /// The first send waiting for room, if there is room now.
+    fn room_waiter(&self, state: &State<F::Rank, K, V>) -> Option<Waker> {
+        let room = state.queue.len() < self.config.capacity
+            && state.queue.weight() < self.config.max_weight;
+        room.then(|| first(&state.room_waiters)).flatten()
+    }
+
+    /// The first send waiting for a key slot, if there is one now.
+    fn key_waiter(&self, state: &State<F::Rank, K, V>) -> Option<Waker> {
+        let room = state.queue.key_count() < self.config.max_keys;
+        room.then(|| first(&state.key_waiters)).flatten()
+    }
+
+    /// Gives up a waiting send's place. If it was first in line, the next in line gets the
+    /// turn it may have been woken for.
+    fn leave(&self, state: &mut State<F::Rank, K, V>, place: Place) -> Option<Waker> {
+        let line = match place.line {
+            Line::Room => &mut state.room_waiters,
+            Line::Key => &mut state.key_waiters,
+        };
+        let at = line.iter().position(|(id, _)| *id == place.id)?;
+        line.remove(at);
+        if at > 0 {
+            return None;
+        }
+        match place.line {
+            Line::Room => self.room_waiter(state),
+            Line::Key => self.key_waiter(state),
+        }
+    }
+
+    /// Closes the channel and returns the wakers of every waiting task.
+    fn close(&self, state: &mut State<F::Rank, K, V>) -> Vec<Waker> {
+        if state.closed {
+            return Vec::new();
+        }
+        state.closed = true;
+        self.closed.notify_waiters();
+        // Waiting receivers now have the whole queue due; waiting senders now fail.
+        let receivers = state.recv_waiters.iter().map(|(_, w)| w.clone());
+        let senders = state.room_waiters.iter().chain(&state.key_waiters);
+        receivers.chain(senders.map(|(_, w)| w.clone())).collect()
+    }
+}
+
+impl<F: Flavor, K: Hash + Eq + Clone, V> Chan<F, K, V>
+where
+    F::Rank: Ord + Clone,
+{
+    /// Adds `item` if the limits let it in now; `place` is the send's place in line, if it
+    /// has one. On success the item is taken and the place given up.
+    fn try_push(
+        &self,
+        state: &mut State<F::Rank, K, V>,
+        item: &mut Option<Item<F, K, V>>,
+        place: &mut Option<Place>,
+    ) -> Result<Wakes, Blocked> {
+        if state.closed {
+            return Err(Blocked::Closed);
+        }
+        let config = &self.config;
+        let queued = item.as_ref().expect("an item to send");
+        let my_turn = |line: Line, waiters: &VecDeque<(u64, Waker)>| match waiters.front() {
+            None => true,
+            Some(&(id, _)) => place.is_some_and(|p| p.line == line && p.id == id),
+        };
+        // A value heavier than the whole budget still goes into an empty channel.
+        let weight = state.queue.weight();
+        let fits = weight == 0 || weight.saturating_add(queued.weight) <= config.max_weight;
+        if state.queue.len() >= config.capacity
+            || !fits
+            || !my_turn(Line::Room, &state.room_waiters)
+        {
+            return Err(Blocked::Room);
+        }
+        if config.max_keys != usize::MAX && !state.queue.contains_key(&queued.key) {
+            let free = state.queue.key_count() < config.max_keys;
+            if !free || !my_turn(Line::Key, &state.key_waiters) {
+                return Err(Blocked::Key);
+            }
+        }
+
+        let Item {
+            input,
+            key,
+            value,
+            weight,
+        } = item.take().expect("an item to send");
+        // Read the clock under the lock, so ranks go in in the order values do.
+        let now = Instant::now();
+        let inserted = state
+            .queue
+            .insert(key, Items::One(value, weight), |values, weight| {
+                F::rank(input, now, values, weight, config)
+            });
+        state.counts.sent += 1;
+        self.note_arrival(state, inserted.new_run, now);
+        if let Some(place) = place.take() {
+            // Usually first in its line, but a send waiting for a key slot goes in as soon
+            // as its key turns up pending, wherever it stands.
+            let line = match place.line {
+                Line::Room => &mut state.room_waiters,
+                Line::Key => &mut state.key_waiters,
+            };
+            line.retain(|(id, _)| *id != place.id);
+        }
+        let receiver = match inserted.leads {
+            true => state.recv_waiters.first().map(|(_, w)| w.clone()),
+            false => None,
+        };
+        // Room may be left for the next in line.
+        Ok([receiver, self.room_waiter(state), self.key_waiter(state)])
+    }
+
+    /// Records when a new run started, for the oldest-age figure.
+    fn note_arrival(&self, state: &mut State<F::Rank, K, V>, run: Option<Run>, now: Instant) {
+        let Some(run) = run else { return };
+        state.arrivals.push_back((run, now));
+        // Runs that ended linger until they reach the front; drop them before they
+        // outnumber the live ones.
+        if state.arrivals.len() > 2 * state.queue.key_count() + 64 {
+            let queue = &state.queue;
+            state.arrivals.retain(|(run, _)| queue.is_pending(*run));
+        }
+    }
+
+    /// Sends `item`, waiting for room; the core of `send` and of the `Sink`.
+    fn poll_send(
+        &self,
+        cx: &mut Context<'_>,
+        item: &mut Option<Item<F, K, V>>,
+        place: &mut Option<Place>,
+    ) -> Poll<Result<(), Refused<F, K, V>>> {
+        let mut state = self.lock();
+        let blocked = match self.try_push(&mut state, item, place) {
+            Ok(wakes) => {
+                drop(state);
+                wake(wakes);
+                return Poll::Ready(Ok(()));
+            }
+            Err(blocked) => blocked,
+        };
+        let line = match blocked {
+            Blocked::Room => Line::Room,
+            Blocked::Key => Line::Key,
+            Blocked::Closed => {
+                let next = place.take().and_then(|p| self.leave(&mut state, p));
+                drop(state);
+                wake([next]);
+                let Item {
+                    input, key, value, ..
+                } = item.take().expect("an item to send");
+                return Poll::Ready(Err(SendError((input, key, value))));
+            }
+        };
+        // Wait in the right line, moving over if the send now waits for something else.
+        let mut handed_on = None;
+        if let Some(p) = *place {
+            if p.line != line {
+                handed_on = self.leave(&mut state, p);
+                *place = None;
+            }
+        }
+        let waiters = match line {
+            Line::Room => &mut state.room_waiters,
+            Line::Key => &mut state.key_waiters,
+        };
+        match *place {
+            Some(p) => {
+                let entry = waiters.iter_mut().find(|(id, _)| *id == p.id);
+                update_waker(&mut entry.expect("a waiting send is in line").1, cx.waker());
+            }
+            None => {
+                state.next_id += 1;
+                let id = state.next_id;
+                let waiters = match line {
+                    Line::Room => &mut state.room_waiters,
+                    Line::Key => &mut state.key_waiters,
+                };
+                waiters.push_back((id, cx.waker().clone()));
+                *place = Some(Place { id, line });
+            }
+        }
+        drop(state);
+        wake([handed_on]);
+        Poll::Pending
+    }
+
+    /// Takes the next batch under the lock, counting why each key came due. `flush` counts
+    /// keys that were not due as flushed (`drain_now`); otherwise they are not taken.
+    fn pop(&self, state: &mut State<F::Rank, K, V>, now: Instant, flush: bool) -> Batch<K, V> {
+        let closed = state.closed;
+        let by = &mut state.counts.by;
+        let batch = state.queue.pop_batch_weighted(
+            self.config.max_batch,
+            self.config.max_batch_weight,
+            |rank| {
+                let counter = if F::is_due(rank, now) {
+                    match F::why(rank) {
+                        Why::Due => &mut by.due,
+                        Why::FullKey => &mut by.full_key,
+                        Why::Flush => &mut by.flush,
+                    }
+                } else if flush {
+                    &mut by.flush
+                } else if closed {
+                    &mut by.close
+                } else {
+                    return false;
+                };
+                *counter += 1;
+                true
+            },
+        );
+        if !batch.is_empty() {
+            state.counts.batches += 1;
+            state.counts.delivered += batch.iter().map(|(_, v)| v.len() as u64).sum::<u64>();
+        }
+        batch
+    }
+
+    fn stats(&self) -> Stats {
+        let mut state = self.lock();
+        let state = &mut *state;
+        let queue = &state.queue;
+        while state
+            .arrivals
+            .front()
+            .is_some_and(|(run, _)| !queue.is_pending(*run))
+        {
+            state.arrivals.pop_front();
+        }
+        let oldest = state.arrivals.front().map(|(_, since)| since.elapsed());
+        let counts = &state.counts;
+        Stats {
+            pending_values: queue.len(),
+            pending_keys: queue.key_count(),
+            pending_weight: queue.weight(),
+            oldest_pending: oldest,
+            sent: counts.sent,
+            delivered: counts.delivered,
+            batches: counts.batches,
+            delivered_by: counts.by,
+            requeued: counts.requeued,
+            senders: state.senders,
+            receivers: state.receivers,
+        }
+    }
+}
+
+pub(crate) fn channel<F: Flavor, K, V>(
+    config: Config,
+    weigher: impl Weigher<V>,
+) -> (Sender<F, K, V>, Receiver<F, K, V>)
 where
     F::Rank: Ord,
 {
@@ -159,10 +513,15 @@ where
             senders: 1,
             receivers: 1,
             recv_waiters: Vec::new(),
-            send_waiters: VecDeque::new(),
+            room_waiters: VecDeque::new(),
+            key_waiters: VecDeque::new(),
+            arrivals: VecDeque::new(),
+            counts: Counts::default(),
             next_id: 1,
         }),
         config,
+        weigh: sealed::Sealed::into_weigh(weigher),
+        closed: Notify::new(),
     });
     let rx = Receiver {
         chan: Arc::clone(&chan),
@@ -172,37 +531,63 @@ where
         },
         sleep: None,
     };
-    (Sender { chan }, rx)
+    let tx = Sender {
+        chan,
+        sink: None,
+        place: None,
+    };
+    (tx, rx)
 }
 
 // ===== impl Sender =====
 
 pub(crate) struct Sender<F: Flavor, K, V> {
     chan: Arc<Chan<F, K, V>>,
+    /// The value `start_send` handed over, until it goes in.
+    sink: Option<Item<F, K, V>>,
+    /// Its place in line.
+    place: Option<Place>,
 }
 
 impl<F: Flavor, K: Hash + Eq + Clone, V> Sender<F, K, V>
 where
     F::Rank: Ord + Clone,
 {
+    fn item(&self, input: F::Input, key: K, value: V) -> Option<Item<F, K, V>> {
+        let weight = self.chan.weigh(&value);
+        Some(Item {
+            input,
+            key,
+            value,
+            weight,
+        })
+    }
+
     pub(crate) fn try_send(
         &self,
         input: F::Input,
         key: K,
         value: V,
     ) -> Result<(), TrySendError<(F::Input, K, V)>> {
+        let mut item = self.item(input, key, value);
         let mut state = self.chan.lock();
-        if state.closed {
-            return Err(TrySendError::Closed((input, key, value)));
-        }
-        // First come, first served: earlier `send` calls that wait for room go first.
-        if state.queue.len() >= self.chan.config.capacity || !state.send_waiters.is_empty() {
-            return Err(TrySendError::Full((input, key, value)));
-        }
-        let waker = self.push(&mut state, input, key, value);
+        let pushed = self.chan.try_push(&mut state, &mut item, &mut None);
         drop(state);
-        wake(waker);
-        Ok(())
+        let full = match pushed {
+            Ok(wakes) => {
+                wake(wakes);
+                return Ok(());
+            }
+            Err(Blocked::Closed) => false,
+            Err(Blocked::Room | Blocked::Key) => true,
+        };
+        let Item {
+            input, key, value, ..
+        } = item.expect("a refused item");
+        match full {
+            true => Err(TrySendError::Full((input, key, value))),
+            false => Err(TrySendError::Closed((input, key, value))),
+        }
     }
 
     pub(crate) async fn send(
@@ -211,52 +596,13 @@ where
         key: K,
         value: V,
     ) -> Result<(), Refused<F, K, V>> {
-        let mut item = Some((input, key, value));
-        // Our place in the wait queue; dropping the future gives it up.
-        let mut place = SendPlace {
+        let mut item = self.item(input, key, value);
+        // Our place in line; dropping the future gives it up.
+        let mut place = PlaceGuard {
             chan: &*self.chan,
-            id: None,
+            place: None,
         };
-        poll_fn(|cx| {
-            let mut state = self.chan.lock();
-            if state.closed {
-                let item = item.take().expect("polled after completion");
-                return Poll::Ready(Err(SendError(item)));
-            }
-            let my_turn = match state.send_waiters.front() {
-                None => true,
-                Some(&(id, _)) => place.id == Some(id),
-            };
-            if my_turn && state.queue.len() < self.chan.config.capacity {
-                let (input, key, value) = item.take().expect("polled after completion");
-                let receiver = self.push(&mut state, input, key, value);
-                if place.id.take().is_some() {
-                    state.send_waiters.pop_front();
-                }
-                // Room may be left for the next waiting sender.
-                let sender = if state.queue.len() < self.chan.config.capacity {
-                    state.first_send_waiter()
-                } else {
-                    None
-                };
-                drop(state);
-                wake(receiver.into_iter().chain(sender));
-                return Poll::Ready(Ok(()));
-            }
-            match place.id {
-                Some(id) => {
-                    let entry = state.send_waiters.iter_mut().find(|(i, _)| *i == id);
-                    update_waker(&mut entry.expect("waiting sender is queued").1, cx.waker());
-                }
-                None => {
-                    let id = state.take_id();
-                    state.send_waiters.push_back((id, cx.waker().clone()));
-                    place.id = Some(id);
-                }
-            }
-            Poll::Pending
-        })
-        .await
+        poll_fn(|cx| self.chan.poll_send(cx, &mut item, &mut place.place)).await
     }
 
     pub(crate) fn blocking_send(
@@ -268,26 +614,61 @@ where
         block_on(self.send(input, key, value))
     }
 
-    /// Adds a value under the lock, once it is admitted. Returns the waker of the receiver
-    /// to wake: the first waiting one, and only if the earliest rank moved down.
-    fn push(
-        &self,
-        state: &mut State<F::Rank, K, V>,
-        input: F::Input,
-        key: K,
-        value: V,
-    ) -> Option<Waker> {
-        // Read the clock under the lock, so ranks go in in the order values do.
-        let now = Instant::now();
-        let config = &self.chan.config;
-        let leads = state
-            .queue
-            .push_with(key, value, |len| F::rank(input, now, len, config));
-        if leads {
-            state.first_recv_waiter()
-        } else {
-            None
+    /// `Sink::poll_ready` and `poll_flush`: sends the value `start_send` took, if any.
+    pub(crate) fn poll_flush(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), Refused<F, K, V>>> {
+        if self.sink.is_none() {
+            return Poll::Ready(Ok(()));
         }
+        self.chan.poll_send(cx, &mut self.sink, &mut self.place)
+    }
+
+    /// `Sink::start_send`: takes a value, which the next `poll_ready` or `poll_flush` sends.
+    pub(crate) fn start_send(&mut self, input: F::Input, key: K, value: V) {
+        assert!(
+            self.sink.is_none(),
+            "start_send called before poll_ready returned Ready(Ok(()))"
+        );
+        self.sink = self.item(input, key, value);
+    }
+
+    pub(crate) fn flush_key(&self, key: &K, rank: F::Rank) {
+        let mut state = self.chan.lock();
+        let receiver = match state.queue.promote(key, rank) {
+            true => state.recv_waiters.first().map(|(_, w)| w.clone()),
+            false => None,
+        };
+        drop(state);
+        wake([receiver]);
+    }
+
+    pub(crate) fn flush_all(&self, rank: F::Rank) {
+        let mut state = self.chan.lock();
+        let receiver = match state.queue.promote_all(rank) {
+            true => state.recv_waiters.first().map(|(_, w)| w.clone()),
+            false => None,
+        };
+        drop(state);
+        wake([receiver]);
+    }
+
+    pub(crate) async fn closed(&self) {
+        let mut notified = pin!(self.chan.closed.notified());
+        loop {
+            // Register first, then look: a close in between still wakes us.
+            notified.as_mut().enable();
+            if self.chan.lock().closed {
+                return;
+            }
+            notified.as_mut().await;
+            notified.set(self.chan.closed.notified());
+        }
+    }
+
+    pub(crate) fn stats(&self) -> Stats {
+        self.chan.stats()
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -299,13 +680,17 @@ where
     }
 }
 
+// The value buffered for the `Sink` is moved, never pinned, so a sender is `Unpin` whatever
+// `K` and `V` are.
+impl<F: Flavor, K, V> Unpin for Sender<F, K, V> {}
+
 impl<F: Flavor, K, V> Clone for Sender<F, K, V> {
     fn clone(&self) -> Self {
-        let mut state = self.chan.lock();
-        state.senders += 1;
-        drop(state);
+        self.chan.lock().senders += 1;
         Sender {
             chan: Arc::clone(&self.chan),
+            sink: None,
+            place: None,
         }
     }
 }
@@ -313,38 +698,31 @@ impl<F: Flavor, K, V> Clone for Sender<F, K, V> {
 impl<F: Flavor, K, V> Drop for Sender<F, K, V> {
     fn drop(&mut self) {
         let mut state = self.chan.lock();
+        let next = self.place.and_then(|p| self.chan.leave(&mut state, p));
         state.senders -= 1;
-        if state.senders == 0 {
-            let wakers = close_state(&mut state);
-            drop(state);
-            wake(wakers);
-        }
+        let wakers = match state.senders {
+            0 => self.chan.close(&mut state),
+            _ => Vec::new(),
+        };
+        drop(state);
+        wake([next]);
+        wakers.into_iter().for_each(Waker::wake);
     }
 }
 
-/// A `send` call's place in the queue of senders waiting for room.
-struct SendPlace<'a, F: Flavor, K, V> {
+/// A `send` call's place in line, given up if the call is dropped.
+struct PlaceGuard<'a, F: Flavor, K, V> {
     chan: &'a Chan<F, K, V>,
-    id: Option<u64>,
+    place: Option<Place>,
 }
 
-impl<F: Flavor, K, V> Drop for SendPlace<'_, F, K, V> {
+impl<F: Flavor, K, V> Drop for PlaceGuard<'_, F, K, V> {
     fn drop(&mut self) {
-        let Some(id) = self.id else { return };
+        let Some(place) = self.place else { return };
         let mut state = self.chan.lock();
-        let Some(at) = state.send_waiters.iter().position(|(i, _)| *i == id) else {
-            return;
-        };
-        state.send_waiters.remove(at);
-        // A cancelled sender at the head may have been woken for room it will not use:
-        // pass the turn on.
-        let next = if at == 0 && state.queue.len() < self.chan.config.capacity {
-            state.first_send_waiter()
-        } else {
-            None
-        };
+        let next = self.chan.leave(&mut state, place);
         drop(state);
-        wake(next);
+        wake([next]);
     }
 }
 
@@ -365,30 +743,15 @@ where
         loop {
             let mut state = self.chan.lock();
             let now = Instant::now();
-            let closed = state.closed;
-            let due = |rank: &F::Rank| closed || F::is_due(rank, now);
-            let batch = state.queue.pop_batch(self.chan.config.max_batch, due);
+            let batch = self.chan.pop(&mut state, now, false);
             if !batch.is_empty() {
                 let was_first = self.waiter.leave(&mut state);
-                // Room returned: let the next waiting sender in.
-                let sender = if state.queue.len() < self.chan.config.capacity {
-                    state.first_send_waiter()
-                } else {
-                    None
-                };
-                // Due work left behind goes to another receiver; so does the timer, if this
-                // receiver was the one sleeping on it.
-                let hand_off = state.queue.front_is(due) || (was_first && !state.queue.is_empty());
-                let receiver = if hand_off {
-                    state.first_recv_waiter()
-                } else {
-                    None
-                };
+                let wakes = self.after_batch(&state, now, was_first);
                 drop(state);
-                wake(sender.into_iter().chain(receiver));
+                wake(wakes);
                 return Poll::Ready(Some(batch));
             }
-            if closed {
+            if state.closed {
                 // Closed and nothing came out: the queue is empty, and it stays so.
                 self.waiter.leave(&mut state);
                 state.terminated = true;
@@ -423,6 +786,24 @@ where
         }
     }
 
+    /// Who to wake after a batch was taken: the next send in line for room or for a key
+    /// slot, and another waiting receiver if due work is left behind, or if this receiver
+    /// held the timer and leaves any work.
+    fn after_batch(&self, state: &State<F::Rank, K, V>, now: Instant, was_first: bool) -> Wakes {
+        let closed = state.closed;
+        let due_left = state.queue.front_is(|rank| closed || F::is_due(rank, now));
+        let receiver = if due_left || (was_first && !state.queue.is_empty()) {
+            state.recv_waiters.first().map(|(_, w)| w.clone())
+        } else {
+            None
+        };
+        [
+            receiver,
+            self.chan.room_waiter(state),
+            self.chan.key_waiter(state),
+        ]
+    }
+
     pub(crate) async fn recv(&mut self) -> Option<Batch<K, V>> {
         /// Gives up this receiver's place among the waiters if `recv` is cancelled.
         struct Cancel<'a, F: Flavor, K, V>(&'a mut Receiver<F, K, V>);
@@ -438,29 +819,35 @@ where
     pub(crate) fn try_recv(&mut self) -> Result<Batch<K, V>, TryRecvError> {
         let mut state = self.chan.lock();
         let now = Instant::now();
-        let closed = state.closed;
-        let due = |rank: &F::Rank| closed || F::is_due(rank, now);
-        let batch = state.queue.pop_batch(self.chan.config.max_batch, due);
+        let batch = self.chan.pop(&mut state, now, false);
         if batch.is_empty() {
-            if closed {
+            if state.closed {
                 state.terminated = true;
                 return Err(TryRecvError::Disconnected);
             }
             return Err(TryRecvError::Empty);
         }
-        let sender = if state.queue.len() < self.chan.config.capacity {
-            state.first_send_waiter()
-        } else {
-            None
-        };
-        let receiver = if state.queue.front_is(due) {
-            state.first_recv_waiter()
-        } else {
-            None
-        };
+        let wakes = self.after_batch(&state, now, false);
         drop(state);
-        wake(sender.into_iter().chain(receiver));
+        wake(wakes);
         Ok(batch)
+    }
+
+    pub(crate) fn drain_now(&mut self) -> Vec<Batch<K, V>> {
+        let mut state = self.chan.lock();
+        let now = Instant::now();
+        let mut batches = Vec::new();
+        loop {
+            let batch = self.chan.pop(&mut state, now, true);
+            if batch.is_empty() {
+                break;
+            }
+            batches.push(batch);
+        }
+        let wakes = self.after_batch(&state, now, false);
+        drop(state);
+        wake(wakes);
+        batches
     }
 
     pub(crate) fn requeue(
@@ -469,23 +856,38 @@ where
         key: K,
         values: Vec<V>,
     ) -> Result<(), Refused<F, K, Vec<V>>> {
+        // Weigh outside the lock: the weigher is user code.
+        let weights = self
+            .chan
+            .weigh
+            .as_ref()
+            .map(|weigh| values.iter().map(|v| weigh(v)).collect());
         let mut state = self.chan.lock();
         if state.terminated {
             return Err(SendError((input, key, values)));
         }
-        let rank = F::rank(input, Instant::now(), 0, &self.chan.config);
-        let receiver = match state.queue.requeue(key, values, rank) {
-            true => state.first_recv_waiter(),
+        let now = Instant::now();
+        let count = values.len() as u64;
+        let rank = F::rank(input, now, 0, 0, &self.chan.config);
+        let inserted = state.queue.requeue_inner(key, values, weights, rank);
+        state.counts.requeued += count;
+        self.chan.note_arrival(&mut state, inserted.new_run, now);
+        let receiver = match inserted.leads {
+            true => state.recv_waiters.first().map(|(_, w)| w.clone()),
             false => None,
         };
         drop(state);
-        wake(receiver);
+        wake([receiver]);
         Ok(())
     }
 
     pub(crate) fn close(&self) {
-        let wakers = close_state(&mut self.chan.lock());
-        wake(wakers);
+        let wakers = self.chan.close(&mut self.chan.lock());
+        wakers.into_iter().for_each(Waker::wake);
+    }
+
+    pub(crate) fn stats(&self) -> Stats {
+        self.chan.stats()
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -514,12 +916,12 @@ impl<F: Flavor, K, V> Receiver<F, K, V> {
         }
         let mut state = self.chan.lock();
         let next = if self.waiter.leave(&mut state) && !state.queue.is_empty() {
-            state.first_recv_waiter()
+            state.recv_waiters.first().map(|(_, w)| w.clone())
         } else {
             None
         };
         drop(state);
-        wake(next);
+        wake([next]);
     }
 }
 
@@ -527,7 +929,8 @@ impl<F: Flavor, K, V> Clone for Receiver<F, K, V> {
     fn clone(&self) -> Self {
         let mut state = self.chan.lock();
         state.receivers += 1;
-        let id = state.take_id();
+        state.next_id += 1;
+        let id = state.next_id;
         drop(state);
         Receiver {
             chan: Arc::clone(&self.chan),
@@ -547,10 +950,10 @@ impl<F: Flavor, K, V> Drop for Receiver<F, K, V> {
         }
         // No one can receive any more: refuse sends and drop what is pending, outside the
         // lock, since a value's `Drop` is user code.
-        let wakers = close_state(&mut state);
+        let wakers = self.chan.close(&mut state);
         let pending = state.queue.take_all();
         drop(state);
-        wake(wakers);
+        wakers.into_iter().for_each(Waker::wake);
         drop(pending);
     }
 }
@@ -588,18 +991,6 @@ impl Waiter {
             .remove(at.expect("waiting receiver is listed"));
         at == Some(0)
     }
-}
-
-/// Closes the channel and returns the wakers of every waiting task.
-fn close_state<R, K, V>(state: &mut State<R, K, V>) -> Vec<Waker> {
-    if state.closed {
-        return Vec::new();
-    }
-    state.closed = true;
-    // Waiting receivers now have the whole queue due; waiting senders now fail.
-    let receivers = state.recv_waiters.iter().map(|(_, w)| w.clone());
-    let senders = state.send_waiters.iter().map(|(_, w)| w.clone());
-    receivers.chain(senders).collect()
 }
 
 // ===== blocking =====

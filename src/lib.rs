@@ -73,12 +73,39 @@
 //! receiver waiting on a quiet channel is not woken at all. A receiver that leaves due work
 //! behind wakes another waiting receiver.
 //!
-//! # Capacity
+//! # Limits
 //!
-//! `capacity(n)` bounds pending values. `send` waits for room, first come first served;
-//! `try_send` returns [`TrySendError::Full`](error::TrySendError::Full) with the value.
-//! Room returns as soon as a batch is taken. Values handed back with `requeue` always go in,
-//! so the pending count may exceed `n`.
+//! Every limit is set on a builder ([`timed::Builder`], [`ordered::Builder`]) and is off by
+//! default. Whichever limit is reached first applies. Weight is what the builder's
+//! `weigher` says a value weighs (say, its size in bytes), or 1 per value without one.
+//!
+//! | limit | flavour | counts | when reached |
+//! |---|---|---|---|
+//! | `max_batch(n)` | both | values in one batch | the batch ends; a key that does not fit is split, and its remainder leads the next batch |
+//! | `max_batch_weight(n)` | both | weight of one batch | likewise; a single value heavier than `n` goes out alone |
+//! | `max_values_per_key(n)` | `timed` | a key's pending values | the key is due at once |
+//! | `max_key_weight(n)` | `timed` | a key's pending weight | the key is due at once |
+//! | `capacity(n)` | both | pending values | `send` waits, `try_send` returns `Full` |
+//! | `max_weight(n)` | both | pending weight, with the new value | `send` waits, `try_send` returns `Full`; a value heavier than `n` waits for an empty channel |
+//! | `max_keys(n)` | both | pending keys | a value for a new key waits (`send`) or is refused (`try_send`); values for pending keys still go in |
+//!
+//! Waiting sends go in first come, first served, and `try_send` returns
+//! [`TrySendError::Full`](error::TrySendError::Full) while earlier sends wait. Room returns as
+//! soon as a batch is taken. Values handed back with `requeue` always go in, past any of these
+//! limits.
+//!
+//! # Flushing, draining and watching
+//!
+//! - `timed::Sender::flush(&key)` makes one key due at once; `flush_all()` every pending key.
+//! - `Receiver::drain_now()` takes everything pending at once, split by the caps: for
+//!   shutdown paths that cannot wait.
+//! - `stats()` on any handle returns a [`stats::Stats`] snapshot: what is pending, totals
+//!   sent and delivered, deliveries by why they came due, and the age of the oldest pending
+//!   value.
+//! - Senders are [`Sink`]s too, so `stream.map(Ok).forward(tx)` works, and
+//!   `Sender::closed()` resolves once no one will receive any more.
+//!
+//! [`Sink`]: futures_sink::Sink
 //!
 //! # Failed deliveries
 //!
@@ -114,7 +141,10 @@ mod chan;
 pub mod error;
 pub mod ordered;
 pub mod queue;
+pub mod stats;
 pub mod timed;
+
+pub use chan::Weigher;
 
 /// A batch: due keys in rank order, each with its pending values in the order they were sent.
 pub type Batch<K, V> = Vec<(K, Vec<V>)>;

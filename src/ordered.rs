@@ -31,10 +31,12 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_core::Stream;
+use futures_sink::Sink;
 use tokio::time::Instant;
 
-use crate::chan::{self, Config, Flavor};
+use crate::chan::{self, Config, Flavor, Weigher, Why};
 use crate::error::{SendError, TryRecvError, TrySendError};
+use crate::stats::Stats;
 use crate::Batch;
 
 /// The `ordered` flavour: ranks are the senders' sort keys, and every key is due at once.
@@ -44,8 +46,12 @@ impl<S> Flavor for Ordered<S> {
     type Rank = S;
     type Input = S;
 
-    fn rank(sort_key: S, _: Instant, _: usize, _: &Config) -> S {
+    fn rank(sort_key: S, _: Instant, _: usize, _: usize, _: &Config) -> S {
         sort_key
+    }
+
+    fn why(_: &S) -> Why {
+        Why::Due
     }
 
     fn is_due(_: &S, _: Instant) -> bool {
@@ -77,7 +83,7 @@ pub fn channel<S: Ord + Clone, K: Hash + Eq + Clone, V>() -> (Sender<S, K, V>, R
 
 /// Builds an `ordered` channel with limits.
 ///
-/// Every limit is off by default.
+/// Every limit is off by default. The crate docs have a table of all of them.
 ///
 /// # Examples
 ///
@@ -90,9 +96,10 @@ pub fn channel<S: Ord + Clone, K: Hash + Eq + Clone, V>() -> (Sender<S, K, V>, R
 ///     .build::<u32, u64, String>();
 /// # drop((tx, rx));
 /// ```
-#[derive(Clone, Debug)]
-pub struct Builder {
+#[derive(Clone)]
+pub struct Builder<W = ()> {
     config: Config,
+    weigher: W,
 }
 
 impl Builder {
@@ -109,6 +116,39 @@ impl Builder {
     pub fn new() -> Self {
         Builder {
             config: Config::new(Duration::ZERO),
+            weigher: (),
+        }
+    }
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<W> Builder<W> {
+    /// Weighs each value, once, when it is sent: the weight limits then count weight instead
+    /// of values.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::ordered::Builder;
+    ///
+    /// let (tx, rx) = Builder::new()
+    ///     .weigher(|record: &String| record.len())
+    ///     .build::<u8, u32, String>();
+    /// tx.try_send(0, 1, "hello".to_string()).unwrap();
+    /// assert_eq!(rx.stats().pending_weight, 5);
+    /// ```
+    pub fn weigher<V, F>(self, f: F) -> Builder<F>
+    where
+        F: Fn(&V) -> usize + Send + Sync + 'static,
+    {
+        Builder {
+            config: self.config,
+            weigher: f,
         }
     }
 
@@ -135,7 +175,34 @@ impl Builder {
     /// ```
     #[track_caller]
     pub fn max_batch(mut self, n: usize) -> Self {
-        self.config.max_batch(n);
+        Config::set(&mut self.config.max_batch, n, "max_batch");
+        self
+    }
+
+    /// Caps the total weight of one batch, splitting keys as [`max_batch`](Self::max_batch)
+    /// does. A single value heavier than `n` goes out alone rather than being stuck.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `n` is 0.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::ordered::Builder;
+    ///
+    /// let (tx, mut rx) = Builder::new()
+    ///     .weigher(|body: &&str| body.len())
+    ///     .max_batch_weight(8)
+    ///     .build();
+    /// tx.try_send(1, "a", "hello").unwrap();
+    /// tx.try_send(2, "b", "world").unwrap();
+    /// assert_eq!(rx.try_recv(), Ok(vec![("a", vec!["hello"])]));
+    /// assert_eq!(rx.try_recv(), Ok(vec![("b", vec!["world"])]));
+    /// ```
+    #[track_caller]
+    pub fn max_batch_weight(mut self, n: usize) -> Self {
+        Config::set(&mut self.config.max_batch_weight, n, "max_batch_weight");
         self
     }
 
@@ -160,7 +227,58 @@ impl Builder {
     /// ```
     #[track_caller]
     pub fn capacity(mut self, n: usize) -> Self {
-        self.config.capacity(n);
+        Config::set(&mut self.config.capacity, n, "capacity");
+        self
+    }
+
+    /// Bounds the pending weight, as a memory budget: a value goes in only if the pending
+    /// weight stays at or under `n` with it (or nothing is pending), else `send` waits and
+    /// `try_send` fails.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `n` is 0.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::ordered::Builder;
+    ///
+    /// let (tx, rx) = Builder::new()
+    ///     .weigher(|body: &Vec<u8>| body.len())
+    ///     .max_weight(1024)
+    ///     .build();
+    /// tx.try_send(0, "k", vec![0; 1000]).unwrap();
+    /// assert!(tx.try_send(0, "k", vec![0; 100]).unwrap_err().is_full());
+    /// # drop(rx);
+    /// ```
+    #[track_caller]
+    pub fn max_weight(mut self, n: usize) -> Self {
+        Config::set(&mut self.config.max_weight, n, "max_weight");
+        self
+    }
+
+    /// Bounds the pending keys: a value for a key that is not pending waits (`send`) or is
+    /// refused (`try_send`) while `n` keys are pending. Values for pending keys still go in.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `n` is 0.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::ordered::Builder;
+    ///
+    /// let (tx, rx) = Builder::new().max_keys(1).build();
+    /// tx.try_send(0, "a", 1).unwrap();
+    /// assert!(tx.try_send(0, "b", 2).unwrap_err().is_full());
+    /// tx.try_send(0, "a", 3).unwrap();
+    /// # drop(rx);
+    /// ```
+    #[track_caller]
+    pub fn max_keys(mut self, n: usize) -> Self {
+        Config::set(&mut self.config.max_keys, n, "max_keys");
         self
     }
 
@@ -178,15 +296,20 @@ impl Builder {
     /// ```
     pub fn build<S: Ord + Clone, K: Hash + Eq + Clone, V>(
         self,
-    ) -> (Sender<S, K, V>, Receiver<S, K, V>) {
-        let (tx, rx) = chan::channel(self.config);
+    ) -> (Sender<S, K, V>, Receiver<S, K, V>)
+    where
+        W: Weigher<V>,
+    {
+        let (tx, rx) = chan::channel(self.config, self.weigher);
         (Sender { inner: tx }, Receiver { inner: rx })
     }
 }
 
-impl Default for Builder {
-    fn default() -> Self {
-        Self::new()
+impl<W> fmt::Debug for Builder<W> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Builder")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
     }
 }
 
@@ -336,6 +459,92 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
     /// ```
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
+    /// Waits until the channel is closed for sending: every receiver is gone, or one called
+    /// [`Receiver::close`].
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is cancel safe.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::ordered;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let (tx, rx) = ordered::channel::<u8, u8, u8>();
+    /// tokio::spawn(async move { drop(rx) });
+    /// tx.closed().await;
+    /// assert!(tx.is_closed());
+    /// # }
+    /// ```
+    pub async fn closed(&self) {
+        self.inner.closed().await
+    }
+
+    /// A snapshot of the channel's state and totals.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::ordered;
+    ///
+    /// let (tx, _rx) = ordered::channel();
+    /// tx.try_send(1, "a", ()).unwrap();
+    /// assert_eq!(tx.stats().sent, 1);
+    /// ```
+    pub fn stats(&self) -> Stats {
+        self.inner.stats()
+    }
+}
+
+/// Sends `(sort_key, key, value)` triples, so that `stream.map(..).forward(tx)` works.
+///
+/// `poll_ready` sends the value `start_send` took last, waiting for room as
+/// [`Sender::send`] does: it honours the capacity, weight and key limits without busy-looping.
+/// A value whose send fails comes back in the error.
+///
+/// # Examples
+///
+/// ```
+/// use futures::{stream, StreamExt};
+/// use sorted_channel::ordered;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let (tx, rx) = ordered::channel();
+/// let jobs = stream::iter(vec![(2, "b", 'x'), (1, "a", 'y')]);
+/// jobs.map(Ok).forward(tx).await.unwrap();
+/// let batches: Vec<_> = rx.collect().await;
+/// assert_eq!(batches, vec![vec![("a", vec!['y']), ("b", vec!['x'])]]);
+/// # }
+/// ```
+impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sink<(S, K, V)> for Sender<S, K, V> {
+    type Error = SendError<(S, K, V)>;
+
+    fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.get_mut().inner.poll_flush(cx)
+    }
+
+    fn start_send(
+        self: Pin<&mut Self>,
+        (sort_key, key, value): (S, K, V),
+    ) -> Result<(), Self::Error> {
+        self.get_mut().inner.start_send(sort_key, key, value);
+        Ok(())
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.get_mut().inner.poll_flush(cx)
+    }
+
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.get_mut().inner.poll_flush(cx)
     }
 }
 
@@ -562,6 +771,41 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
     /// ```
     pub fn is_closed(&self) -> bool {
         self.inner.is_closed()
+    }
+}
+
+impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
+    /// Takes everything pending now, as batches split by the caps.
+    ///
+    /// It is for shutdown paths that cannot wait. The channel stays open.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::ordered;
+    ///
+    /// let (tx, mut rx) = ordered::Builder::new().max_batch(1).build();
+    /// tx.try_send(2, "b", ()).unwrap();
+    /// tx.try_send(1, "a", ()).unwrap();
+    /// assert_eq!(rx.drain_now(), vec![vec![("a", vec![()])], vec![("b", vec![()])]]);
+    /// ```
+    pub fn drain_now(&mut self) -> Vec<Batch<K, V>> {
+        self.inner.drain_now()
+    }
+
+    /// A snapshot of the channel's state and totals.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::ordered;
+    ///
+    /// let (tx, rx) = ordered::channel();
+    /// tx.try_send(1, "a", ()).unwrap();
+    /// assert_eq!(rx.stats().pending_keys, 1);
+    /// ```
+    pub fn stats(&self) -> Stats {
+        self.inner.stats()
     }
 }
 

@@ -4,6 +4,9 @@
 //! a priority, anything `Ord`), which is the smallest rank among its pending values. Batches
 //! come out in rank order; ties go to the key whose current pending run started first.
 //!
+//! Each value has a *weight*, 1 unless given ([`push_with`](SortedQueue::push_with)), so
+//! that batches can be capped by weight as well as by count.
+//!
 //! The queue knows nothing about time, locks or wakers. The async channels in this crate are
 //! a thin layer over it, and it is useful on its own wherever a synchronous keyed batcher will
 //! do.
@@ -29,14 +32,15 @@
 //! A push whose `(rank, arrival)` is not smaller than the last one pushed is O(1): the index
 //! is then a FIFO, as it is for a channel whose values all get `now + window`. Other pushes,
 //! and rank changes, cost O(log n) in a binary heap. A key holds a constant-sized slot plus its
-//! values; there is no index entry per value.
+//! values (and their weights, once one differs from 1); there is no index entry per value.
 //!
 //! # Panics in user code
 //!
-//! `Hash` and `Eq` of `K` run only while a value goes in, before the queue changes; the queue
-//! stores each key's hash and never calls them while taking batches or growing. `Ord` and
-//! `Clone` of `R`, and `Clone` of `K`, run before the data they guard moves. If any of them
-//! panics, the call panics and the queue stays whole: no other key's values are lost.
+//! `Hash` and `Eq` of `K` run only while a value goes in (or a key is promoted), before the
+//! queue changes; the queue stores each key's hash and never calls them while taking batches
+//! or growing. `Ord` and `Clone` of `R`, and `Clone` of `K`, run before the data they guard
+//! moves. If any of them panics, the call panics and the queue stays whole: no other key's
+//! values are lost.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};
@@ -59,17 +63,13 @@ pub struct SortedQueue<R, K, V> {
     /// resizes never call `K`'s `Hash` or `Eq`.
     slots: HashTable<Slot<R, K, V>>,
     hasher: DefaultHashBuilder,
-    /// Tickets pushed in non-decreasing order: the common path, O(1).
-    fifo: VecDeque<Ticket<R>>,
-    /// Tickets that arrived out of order.
-    heap: BinaryHeap<Reverse<Ticket<R>>>,
+    index: Index<R>,
     /// Pending values, over all keys.
     values: usize,
+    /// Their total weight.
+    weight: usize,
     /// Source of arrival sequence numbers and ticket ids.
     next_id: u64,
-    /// Set while user `Ord` runs on the index. If it is still set when the next call starts,
-    /// that `Ord` panicked part way, and the index is rebuilt from the slots.
-    dirty: bool,
 }
 
 /// A pending key.
@@ -77,6 +77,11 @@ struct Slot<R, K, V> {
     hash: u64,
     key: K,
     values: Vec<V>,
+    /// Each value's weight, in step with `values`; empty while every weight is 1, which
+    /// spares unweighted queues the memory.
+    weights: Vec<usize>,
+    /// The sum of the weights.
+    weight: usize,
     rank: R,
     /// When the current pending run started: breaks ties between equal ranks.
     seq: u64,
@@ -84,13 +89,64 @@ struct Slot<R, K, V> {
     ticket: u64,
 }
 
-/// An index entry: where a key stands in the order. A ticket is *stale* once its slot is gone
-/// or has a newer ticket; stale tickets are skipped and dropped when they reach the front.
+/// Where keys stand in rank order: tickets in a FIFO while they arrive sorted, else in a heap.
+struct Index<R> {
+    /// Tickets pushed in non-decreasing order: the common path, O(1).
+    fifo: VecDeque<Ticket<R>>,
+    /// Tickets that arrived out of order.
+    heap: BinaryHeap<Reverse<Ticket<R>>>,
+    /// Set while user `Ord` runs on the index. If it is still set when the next call starts,
+    /// that `Ord` panicked part way, and the index is rebuilt from the slots.
+    dirty: bool,
+}
+
+/// An index entry. A ticket is *stale* once its slot is gone or has a newer ticket; stale
+/// tickets are skipped and dropped when they reach the front.
 struct Ticket<R> {
     rank: R,
     seq: u64,
     id: u64,
     hash: u64,
+}
+
+/// Values to add to a key.
+pub(crate) enum Items<V> {
+    /// One value and its weight, at the back.
+    One(V, usize),
+    /// Values at the front, with their weights (`None`: all 1).
+    Front(Vec<V>, Option<Vec<usize>>),
+}
+
+/// One key's share of a batch, planned before any value moves.
+struct Take<K> {
+    hash: u64,
+    id: u64,
+    count: usize,
+    weight: usize,
+    /// A copy of the key when only part of its values go: the slot keeps the original.
+    split: Option<K>,
+}
+
+/// Which part of the index holds the front ticket.
+#[derive(Clone, Copy)]
+enum Side {
+    Fifo,
+    Heap,
+}
+
+/// A key's current run of pending values, to tell later whether it is still pending.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Run {
+    hash: u64,
+    seq: u64,
+}
+
+/// What an insert did.
+pub(crate) struct Inserted {
+    /// The key now stands first: the smallest rank moved down, or the queue was empty.
+    pub(crate) leads: bool,
+    /// The key was not pending before: a new run started.
+    pub(crate) new_run: Option<Run>,
 }
 
 impl<R: Ord> Ord for Ticket<R> {
@@ -113,22 +169,6 @@ impl<R: Ord> PartialEq for Ticket<R> {
 
 impl<R: Ord> Eq for Ticket<R> {}
 
-/// One key's share of a batch, planned before any value moves.
-struct Take<K> {
-    hash: u64,
-    id: u64,
-    count: usize,
-    /// A copy of the key when only part of its values go: the slot keeps the original.
-    split: Option<K>,
-}
-
-/// Which index holds the front ticket.
-#[derive(Clone, Copy)]
-enum Side {
-    Fifo,
-    Heap,
-}
-
 impl<R, K, V> SortedQueue<R, K, V> {
     /// Pending values, over all keys.
     ///
@@ -146,6 +186,23 @@ impl<R, K, V> SortedQueue<R, K, V> {
     /// ```
     pub fn len(&self) -> usize {
         self.values
+    }
+
+    /// The total weight of the pending values: their count, unless weights were given.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::queue::SortedQueue;
+    ///
+    /// let mut q = SortedQueue::new();
+    /// q.push("a", "xyz", 0);
+    /// q.push_with("a", "long value", 10, |_, _| 0);
+    /// assert_eq!(q.len(), 2);
+    /// assert_eq!(q.weight(), 11);
+    /// ```
+    pub fn weight(&self) -> usize {
+        self.weight
     }
 
     /// Pending keys: keys with at least one pending value.
@@ -200,18 +257,25 @@ impl<R, K, V> SortedQueue<R, K, V> {
     /// assert!(q.capacity().0 < 1_000);
     /// ```
     pub fn capacity(&self) -> (usize, usize) {
+        let index = &self.index;
         (
             self.slots.capacity(),
-            self.fifo.capacity() + self.heap.capacity(),
+            index.fifo.capacity() + index.heap.capacity(),
         )
+    }
+
+    /// Whether `run` is still the key's current run of pending values.
+    pub(crate) fn is_pending(&self, run: Run) -> bool {
+        self.slots.find(run.hash, |s| s.seq == run.seq).is_some()
     }
 
     /// Empties the queue and returns its keys and values as they were, to be dropped later:
     /// the channel drops them outside its lock, since a value's `Drop` is user code.
     pub(crate) fn take_all(&mut self) -> impl Sized {
-        self.fifo.clear();
-        self.heap.clear();
+        self.index.fifo.clear();
+        self.index.heap.clear();
         self.values = 0;
+        self.weight = 0;
         mem::take(&mut self.slots)
     }
 }
@@ -231,11 +295,14 @@ impl<R: Ord, K, V> SortedQueue<R, K, V> {
         SortedQueue {
             slots: HashTable::new(),
             hasher: DefaultHashBuilder::default(),
-            fifo: VecDeque::new(),
-            heap: BinaryHeap::new(),
+            index: Index {
+                fifo: VecDeque::new(),
+                heap: BinaryHeap::new(),
+                dirty: false,
+            },
             values: 0,
+            weight: 0,
             next_id: 0,
-            dirty: false,
         }
     }
 }
@@ -263,34 +330,45 @@ where
     /// assert_eq!(q.peek_rank(), Some(&1));
     /// ```
     pub fn push(&mut self, key: K, value: V, rank: R) -> bool {
-        self.push_with(key, value, |_| rank)
+        self.push_with(key, value, 1, |_, _| rank)
     }
 
-    /// Like [`push`](Self::push), but the rank is computed from the number of values the key
-    /// holds once `value` is in.
+    /// Appends `value`, of the given `weight`, to `key`'s pending values. The key's rank
+    /// becomes the smaller of its rank and `rank(values, weight)`, where `values` and `weight`
+    /// are the key's count and total weight once `value` is in.
     ///
-    /// This is how a caller makes a full key due at once without a second lookup.
+    /// This is how a caller makes a full key due at once without a second lookup. Returns
+    /// whether the key now leads, as [`push`](Self::push) does.
     ///
     /// # Examples
     ///
     /// ```
     /// use sorted_channel::queue::SortedQueue;
     ///
-    /// // Rank 100 normally, but 0 once a key holds three values.
-    /// let rank = |len: usize| if len >= 3 { 0 } else { 100 };
+    /// // Rank 100 normally, but 0 once a key holds three values or weighs 10.
+    /// let rank = |values: usize, weight: usize| if values >= 3 || weight >= 10 { 0 } else { 100 };
     /// let mut q = SortedQueue::new();
-    /// q.push_with("a", 1, rank);
-    /// q.push_with("a", 2, rank);
+    /// q.push_with("a", 1, 1, rank);
+    /// q.push_with("a", 2, 1, rank);
     /// assert_eq!(q.peek_rank(), Some(&100));
-    /// q.push_with("a", 3, rank);
+    /// q.push_with("a", 3, 1, rank);
     /// assert_eq!(q.peek_rank(), Some(&0));
+    ///
+    /// q.push_with("b", 4, 10, rank);
+    /// assert_eq!(q.weight(), 13);
     /// ```
-    pub fn push_with(&mut self, key: K, value: V, rank: impl FnOnce(usize) -> R) -> bool {
-        self.insert(key, 1, rank, |values| values.push(value))
+    pub fn push_with(
+        &mut self,
+        key: K,
+        value: V,
+        weight: usize,
+        rank: impl FnOnce(usize, usize) -> R,
+    ) -> bool {
+        self.insert(key, Items::One(value, weight), rank).leads
     }
 
     /// Puts `values` back in front of `key`'s pending values, as after a failed delivery. The
-    /// key's rank becomes the smaller of its rank and `rank`.
+    /// key's rank becomes the smaller of its rank and `rank`. Each value weighs 1.
     ///
     /// Returns `true` if the key now stands first, as [`push`](Self::push) does. An empty
     /// `values` changes nothing and returns `false`.
@@ -306,19 +384,111 @@ where
     /// assert_eq!(q.pop_batch(usize::MAX, |_| true), vec![("a", vec![1, 2, 3])]);
     /// ```
     pub fn requeue(&mut self, key: K, values: Vec<V>, rank: R) -> bool {
+        self.requeue_inner(key, values, None, rank).leads
+    }
+
+    /// Like [`requeue`](Self::requeue), with each value's weight.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `weights` and `values` differ in length.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::queue::SortedQueue;
+    ///
+    /// let mut q = SortedQueue::new();
+    /// q.requeue_weighted("a", vec!["xx", "yyy"], vec![2, 3], 0);
+    /// assert_eq!(q.weight(), 5);
+    /// ```
+    #[track_caller]
+    pub fn requeue_weighted(
+        &mut self,
+        key: K,
+        values: Vec<V>,
+        weights: Vec<usize>,
+        rank: R,
+    ) -> bool {
+        assert_eq!(values.len(), weights.len(), "one weight per requeued value");
+        self.requeue_inner(key, values, Some(weights), rank).leads
+    }
+
+    pub(crate) fn requeue_inner(
+        &mut self,
+        key: K,
+        values: Vec<V>,
+        weights: Option<Vec<usize>>,
+        rank: R,
+    ) -> Inserted {
         if values.is_empty() {
+            return Inserted {
+                leads: false,
+                new_run: None,
+            };
+        }
+        self.insert(key, Items::Front(values, weights), |_, _| rank)
+    }
+
+    /// Lowers `key`'s rank to `rank`, if the key is pending and `rank` is smaller. Returns
+    /// whether the key now leads.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::queue::SortedQueue;
+    ///
+    /// let mut q = SortedQueue::new();
+    /// q.push("a", 1, 10);
+    /// q.push("b", 2, 20);
+    /// assert!(q.promote(&"b", 0));
+    /// assert!(!q.promote(&"c", 0), "not pending");
+    /// assert_eq!(q.pop_batch(1, |_| true), vec![("b", vec![2])]);
+    /// ```
+    pub fn promote(&mut self, key: &K, rank: R) -> bool {
+        self.repair();
+        let hash = self.hasher.hash_one(key);
+        let id = self.take_id();
+        let Some(slot) = self.slots.find_mut(hash, |s| s.key == *key) else {
+            return false;
+        };
+        if rank >= slot.rank {
             return false;
         }
-        let count = values.len();
-        self.insert(
-            key,
-            count,
-            |_| rank,
-            |pending| {
-                let newer = mem::replace(pending, values);
-                pending.extend(newer);
-            },
-        )
+        self.index.lower(slot, rank, id);
+        self.settle_stale();
+        self.leads(id)
+    }
+
+    /// Lowers every pending key's rank to at most `rank`. Returns whether any rank moved.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::queue::SortedQueue;
+    ///
+    /// let mut q = SortedQueue::new();
+    /// q.push("a", 1, 10);
+    /// q.push("b", 2, 20);
+    /// assert!(q.promote_all(5));
+    /// assert_eq!(q.pop_batch(10, |rank| *rank <= 5), vec![("a", vec![1]), ("b", vec![2])]);
+    /// ```
+    pub fn promote_all(&mut self, rank: R) -> bool {
+        self.repair();
+        // The loop runs user `Ord`: should it panic, `dirty` rebuilds the index.
+        self.index.dirty = true;
+        let mut moved = false;
+        for slot in self.slots.iter_mut() {
+            if rank < slot.rank {
+                slot.rank = rank.clone();
+                moved = true;
+            }
+        }
+        if moved {
+            self.rebuild();
+        }
+        self.index.dirty = false;
+        moved
     }
 
     /// Takes the next batch: due keys in rank order, at most `max_values` values in all.
@@ -343,49 +513,84 @@ where
     pub fn pop_batch(
         &mut self,
         max_values: usize,
+        is_due: impl FnMut(&R) -> bool,
+    ) -> Vec<(K, Vec<V>)> {
+        self.pop_batch_weighted(max_values, usize::MAX, is_due)
+    }
+
+    /// Like [`pop_batch`](Self::pop_batch), with the batch's total weight capped at
+    /// `max_weight` too.
+    ///
+    /// A key that does not fit by weight is split the same way. A single value heavier than
+    /// `max_weight` goes out alone, in a batch of its own, rather than being stuck.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::queue::SortedQueue;
+    ///
+    /// let mut q = SortedQueue::new();
+    /// q.push_with("a", 'x', 4, |_, _| 0);
+    /// q.push_with("a", 'y', 4, |_, _| 0);
+    /// q.push_with("b", 'z', 9, |_, _| 1);
+    /// assert_eq!(q.pop_batch_weighted(10, 5, |_| true), vec![("a", vec!['x'])]);
+    /// assert_eq!(q.pop_batch_weighted(10, 5, |_| true), vec![("a", vec!['y'])]);
+    /// assert_eq!(q.pop_batch_weighted(10, 5, |_| true), vec![("b", vec!['z'])]); // alone
+    /// ```
+    pub fn pop_batch_weighted(
+        &mut self,
+        max_values: usize,
+        max_weight: usize,
         mut is_due: impl FnMut(&R) -> bool,
     ) -> Vec<(K, Vec<V>)> {
         self.repair();
         // Plan first, then move: every call into user code (`Ord` in the heap, `K::clone`
         // for a split key) happens while the plan is made, so a panic there leaves every
         // value in its slot. Only the index can be left torn, and `dirty` repairs it.
-        self.dirty = true;
+        self.index.dirty = true;
         let mut plan: Vec<Take<K>> = Vec::new();
-        let mut room = max_values;
+        let (mut room, mut room_weight) = (max_values, max_weight);
         while room > 0 {
-            let Some(side) = self.front_side() else { break };
-            let ticket = self.ticket(side);
-            if !is_due(&ticket.rank) {
+            let Some(side) = self.index.front_side() else {
                 break;
-            }
+            };
+            let ticket = self.index.ticket(side);
             let (hash, id) = (ticket.hash, ticket.id);
             let slot = self
                 .slots
                 .find(hash, |s| s.ticket == id)
                 .expect("front ticket is live");
-            let len = slot.values.len();
-            if len <= room {
+            // Check what fits before asking whether it is due, so that `is_due` is asked
+            // only about keys that go out.
+            let (count, weight) = slot.fitting(room, room_weight, plan.is_empty());
+            if count == 0 || !is_due(&ticket.rank) {
+                break;
+            }
+            room -= count;
+            room_weight = room_weight.saturating_sub(weight);
+            if count == slot.values.len() {
                 plan.push(Take {
                     hash,
                     id,
-                    count: len,
+                    count,
+                    weight,
                     split: None,
                 });
-                room -= len;
-                self.pop_ticket(side);
-                self.prune();
+                self.index.pop(side);
+                self.index.prune(&self.slots);
             } else {
                 let split = Some(slot.key.clone());
                 plan.push(Take {
                     hash,
                     id,
-                    count: room,
+                    count,
+                    weight,
                     split,
                 });
-                room = 0;
+                break;
             }
         }
-        self.dirty = false;
+        self.index.dirty = false;
 
         let mut batch = Vec::with_capacity(plan.len());
         for take in plan {
@@ -393,15 +598,14 @@ where
                 unreachable!("planned slot is present")
             };
             self.values -= take.count;
+            self.weight -= take.weight;
             match take.split {
                 None => {
                     let (slot, _) = entry.remove();
                     batch.push((slot.key, slot.values));
                 }
                 Some(key) => {
-                    let slot = entry.into_mut();
-                    let rest = slot.values.split_off(take.count);
-                    batch.push((key, mem::replace(&mut slot.values, rest)));
+                    batch.push((key, entry.into_mut().take_front(take.count, take.weight)))
                 }
             }
         }
@@ -423,7 +627,25 @@ where
     /// assert_eq!(q.peek_rank(), Some(&3));
     /// ```
     pub fn peek_rank(&self) -> Option<&R> {
-        self.front_side().map(|side| &self.ticket(side).rank)
+        let side = self.index.front_side()?;
+        Some(&self.index.ticket(side).rank)
+    }
+
+    /// Whether `key` has pending values.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sorted_channel::queue::SortedQueue;
+    ///
+    /// let mut q = SortedQueue::new();
+    /// q.push("a", 1, 0);
+    /// assert!(q.contains_key(&"a"));
+    /// assert!(!q.contains_key(&"b"));
+    /// ```
+    pub fn contains_key(&self, key: &K) -> bool {
+        let hash = self.hasher.hash_one(key);
+        self.slots.find(hash, |s| s.key == *key).is_some()
     }
 
     /// Whether the first key in rank order satisfies `is_due`.
@@ -431,85 +653,163 @@ where
         self.peek_rank().is_some_and(is_due)
     }
 
-    /// Adds `count` values to `key` (through `put`) and lowers its rank to `rank(len)`, where
-    /// `len` counts the key's values once they are in. Returns whether the key now leads.
-    fn insert(
+    /// Adds `items` to `key` and lowers its rank to `rank(values, weight)`, the key's count
+    /// and weight once they are in.
+    pub(crate) fn insert(
         &mut self,
         key: K,
-        count: usize,
-        rank: impl FnOnce(usize) -> R,
-        put: impl FnOnce(&mut Vec<V>),
-    ) -> bool {
+        items: Items<V>,
+        rank: impl FnOnce(usize, usize) -> R,
+    ) -> Inserted {
         self.repair();
+        let (count, weight) = items.size();
         // User code (`Hash`, `Eq`, the rank closure, `Ord`, `Clone`) runs before anything
         // changes, except heap pushes, which `dirty` guards.
         let hash = self.hasher.hash_one(&key);
-        let id = self.next_id;
-        self.next_id += 1;
+        let id = self.take_id();
         // Only a lowered rank leaves a stale ticket behind; only a new ticket can lead.
-        let (pushed, stale) = match self.slots.entry(hash, |s| s.key == key, |s| s.hash) {
+        let (pushed, stale, new_run) = match self.slots.entry(hash, |s| s.key == key, |s| s.hash) {
             Entry::Occupied(mut entry) => {
                 let slot = entry.get_mut();
-                let rank = rank(slot.values.len() + count);
+                let rank = rank(slot.values.len() + count, slot.weight + weight);
                 let lowered = rank < slot.rank;
                 if lowered {
-                    let ticket = Ticket {
-                        rank: rank.clone(),
-                        seq: slot.seq,
-                        id,
-                        hash,
-                    };
-                    self.dirty = true;
-                    push_ticket(&mut self.fifo, &mut self.heap, ticket);
-                    self.dirty = false;
-                    slot.rank = rank;
-                    slot.ticket = id;
+                    self.index.lower(slot, rank, id);
                 }
-                put(&mut slot.values);
-                (lowered, lowered)
+                slot.add(items);
+                (lowered, lowered, None)
             }
             Entry::Vacant(entry) => {
-                let rank = rank(count);
+                let rank = rank(count, weight);
                 let ticket = Ticket {
                     rank: rank.clone(),
                     seq: id,
                     id,
                     hash,
                 };
-                let mut values = Vec::new();
-                put(&mut values);
-                self.dirty = true;
-                push_ticket(&mut self.fifo, &mut self.heap, ticket);
-                self.dirty = false;
-                entry.insert(Slot {
+                self.index.push(ticket);
+                let mut slot = Slot {
                     hash,
                     key,
-                    values,
+                    values: Vec::new(),
+                    weights: Vec::new(),
+                    weight: 0,
                     rank,
                     seq: id,
                     ticket: id,
-                });
-                (true, false)
+                };
+                slot.add(items);
+                entry.insert(slot);
+                (true, false, Some(Run { hash, seq: id }))
             }
         };
         self.values += count;
+        self.weight += weight;
         if stale {
-            self.dirty = true;
-            self.prune();
-            // Rebuild once stale tickets outnumber live ones, so the index stays O(keys):
-            // amortized O(log n) per stale ticket.
-            if self.fifo.len() + self.heap.len() > 2 * self.slots.len() + SMALL {
-                self.rebuild();
-            }
-            self.dirty = false;
+            self.settle_stale();
         }
-        pushed
-            && self
-                .front_side()
-                .is_some_and(|side| self.ticket(side).id == id)
+        Inserted {
+            leads: pushed && self.leads(id),
+            new_run,
+        }
     }
 
-    /// Which index holds the smallest live ticket.
+    fn take_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// Whether the ticket `id` stands first.
+    fn leads(&self, id: u64) -> bool {
+        let front = self.index.front_side();
+        front.is_some_and(|side| self.index.ticket(side).id == id)
+    }
+
+    /// After a rank was lowered: drops the stale ticket if it reached a front, and rebuilds
+    /// once stale tickets outnumber live ones, so the index stays O(keys) at an amortized
+    /// O(log n) per stale ticket.
+    fn settle_stale(&mut self) {
+        self.index.dirty = true;
+        self.index.prune(&self.slots);
+        if self.index.len() > 2 * self.slots.len() + SMALL {
+            self.rebuild();
+        }
+        self.index.dirty = false;
+    }
+
+    /// Rebuilds the index from the slots, if a panic in user `Ord` may have torn it.
+    fn repair(&mut self) {
+        if self.index.dirty {
+            self.rebuild();
+            self.index.dirty = false;
+        }
+    }
+
+    /// Rebuilds the index from the slots: one live ticket per key, sorted, in the FIFO.
+    fn rebuild(&mut self) {
+        let mut tickets: Vec<Ticket<R>> = Vec::with_capacity(self.slots.len());
+        for slot in self.slots.iter_mut() {
+            self.next_id += 1;
+            slot.ticket = self.next_id;
+            tickets.push(Ticket {
+                rank: slot.rank.clone(),
+                seq: slot.seq,
+                id: slot.ticket,
+                hash: slot.hash,
+            });
+        }
+        tickets.sort_unstable();
+        self.index.heap = BinaryHeap::new();
+        self.index.fifo = tickets.into();
+    }
+
+    /// Gives memory back once the table or the index is mostly empty. Shrinking to twice
+    /// the live size only when it falls under an eighth keeps this amortized O(1).
+    fn shrink(&mut self) {
+        let live = self.slots.len();
+        if self.slots.capacity() > SMALL && live * 8 < self.slots.capacity() {
+            self.slots.shrink_to(live * 2, |s| s.hash);
+        }
+        let fifo = &mut self.index.fifo;
+        if fifo.capacity() > SMALL && fifo.len() * 8 < fifo.capacity() {
+            fifo.shrink_to(fifo.len() * 2);
+        }
+        let heap = &mut self.index.heap;
+        if heap.capacity() > SMALL && heap.len() * 8 < heap.capacity() {
+            heap.shrink_to(heap.len() * 2);
+        }
+    }
+}
+
+impl<R: Ord + Clone> Index<R> {
+    fn len(&self) -> usize {
+        self.fifo.len() + self.heap.len()
+    }
+
+    /// Pushes a ticket: onto the FIFO if that keeps it sorted, else into the heap.
+    fn push(&mut self, ticket: Ticket<R>) {
+        if self.fifo.back().is_none_or(|last| *last <= ticket) {
+            self.fifo.push_back(ticket);
+        } else {
+            self.dirty = true;
+            self.heap.push(Reverse(ticket));
+            self.dirty = false;
+        }
+    }
+
+    /// Gives `slot` the smaller `rank` under a new ticket; the old ticket goes stale.
+    fn lower<K, V>(&mut self, slot: &mut Slot<R, K, V>, rank: R, id: u64) {
+        self.push(Ticket {
+            rank: rank.clone(),
+            seq: slot.seq,
+            id,
+            hash: slot.hash,
+        });
+        slot.rank = rank;
+        slot.ticket = id;
+    }
+
+    /// Which part holds the smallest ticket. Both fronts are always live.
     fn front_side(&self) -> Option<Side> {
         match (self.fifo.front(), self.heap.peek()) {
             (None, None) => None,
@@ -527,80 +827,110 @@ where
         .expect("side is not empty")
     }
 
-    fn pop_ticket(&mut self, side: Side) {
+    fn pop(&mut self, side: Side) {
         match side {
             Side::Fifo => drop(self.fifo.pop_front()),
             Side::Heap => drop(self.heap.pop()),
         }
     }
 
-    fn is_live(&self, ticket: &Ticket<R>) -> bool {
-        self.slots
-            .find(ticket.hash, |s| s.ticket == ticket.id)
-            .is_some()
-    }
-
     /// Drops stale tickets from both fronts, so that the fronts are always live.
-    fn prune(&mut self) {
-        while self.fifo.front().is_some_and(|t| !self.is_live(t)) {
+    fn prune<K, V>(&mut self, slots: &HashTable<Slot<R, K, V>>) {
+        let live = |t: &Ticket<R>| slots.find(t.hash, |s| s.ticket == t.id).is_some();
+        while self.fifo.front().is_some_and(|t| !live(t)) {
             self.fifo.pop_front();
         }
-        while self.heap.peek().is_some_and(|Reverse(t)| !self.is_live(t)) {
+        while self.heap.peek().is_some_and(|Reverse(t)| !live(t)) {
             self.heap.pop();
-        }
-    }
-
-    /// Rebuilds the index from the slots, if a panic in user `Ord` may have torn it.
-    fn repair(&mut self) {
-        if self.dirty {
-            self.rebuild();
-            self.dirty = false;
-        }
-    }
-
-    /// Rebuilds the index from the slots: one live ticket per key, sorted, in the FIFO.
-    fn rebuild(&mut self) {
-        let mut tickets: Vec<Ticket<R>> = self
-            .slots
-            .iter()
-            .map(|s| Ticket {
-                rank: s.rank.clone(),
-                seq: s.seq,
-                id: s.ticket,
-                hash: s.hash,
-            })
-            .collect();
-        tickets.sort_unstable();
-        self.heap = BinaryHeap::new();
-        self.fifo = tickets.into();
-    }
-
-    /// Gives memory back once the table or the index is mostly empty. Shrinking to twice
-    /// the live size only when it falls under an eighth keeps this amortized O(1).
-    fn shrink(&mut self) {
-        let live = self.slots.len();
-        if self.slots.capacity() > SMALL && live * 8 < self.slots.capacity() {
-            self.slots.shrink_to(live * 2, |s| s.hash);
-        }
-        if self.fifo.capacity() > SMALL && self.fifo.len() * 8 < self.fifo.capacity() {
-            self.fifo.shrink_to(self.fifo.len() * 2);
-        }
-        if self.heap.capacity() > SMALL && self.heap.len() * 8 < self.heap.capacity() {
-            self.heap.shrink_to(self.heap.len() * 2);
         }
     }
 }
 
-/// Pushes a ticket: onto the FIFO if that keeps it sorted, else into the heap.
-fn push_ticket<R: Ord>(
-    fifo: &mut VecDeque<Ticket<R>>,
-    heap: &mut BinaryHeap<Reverse<Ticket<R>>>,
-    ticket: Ticket<R>,
-) {
-    if fifo.back().is_none_or(|last| *last <= ticket) {
-        fifo.push_back(ticket);
-    } else {
-        heap.push(Reverse(ticket));
+impl<R, K, V> Slot<R, K, V> {
+    fn weight_at(&self, i: usize) -> usize {
+        self.weights.get(i).copied().unwrap_or(1)
+    }
+
+    /// How many of the oldest values fit in `room` values and `room_weight`, and their
+    /// weight. A first value heavier than `room_weight` fits alone in an empty batch.
+    fn fitting(&self, room: usize, room_weight: usize, empty_batch: bool) -> (usize, usize) {
+        if self.values.len() <= room && self.weight <= room_weight {
+            return (self.values.len(), self.weight);
+        }
+        if self.weights.is_empty() {
+            // Every value weighs 1.
+            let count = room.min(room_weight).min(self.values.len());
+            return match (count, empty_batch) {
+                (0, true) => (1, 1),
+                _ => (count, count),
+            };
+        }
+        let (mut count, mut weight) = (0, 0);
+        while count < room.min(self.values.len()) {
+            let next = self.weight_at(count);
+            if weight + next > room_weight {
+                break;
+            }
+            weight += next;
+            count += 1;
+        }
+        if count == 0 && empty_batch {
+            return (1, self.weight_at(0));
+        }
+        (count, weight)
+    }
+
+    fn add(&mut self, items: Items<V>) {
+        match items {
+            Items::One(value, weight) => {
+                if weight != 1 || !self.weights.is_empty() {
+                    // The first weight other than 1 makes the ones before it explicit.
+                    self.weights.resize(self.values.len(), 1);
+                    self.weights.push(weight);
+                }
+                self.values.push(value);
+                self.weight += weight;
+            }
+            Items::Front(values, weights) => {
+                let count = values.len();
+                let older = mem::replace(&mut self.values, values);
+                self.values.extend(older);
+                match (weights, self.weights.is_empty()) {
+                    (None, true) => self.weight += count,
+                    (weights, _) => {
+                        let front = weights.unwrap_or_else(|| vec![1; count]);
+                        self.weight += front.iter().sum::<usize>();
+                        let older = match self.weights.is_empty() {
+                            true => vec![1; self.values.len() - count],
+                            false => mem::take(&mut self.weights),
+                        };
+                        self.weights = front;
+                        self.weights.extend(older);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes the oldest `count` values, which weigh `weight`.
+    fn take_front(&mut self, count: usize, weight: usize) -> Vec<V> {
+        let rest = self.values.split_off(count);
+        if !self.weights.is_empty() {
+            self.weights.drain(..count);
+        }
+        self.weight -= weight;
+        mem::replace(&mut self.values, rest)
+    }
+}
+
+impl<V> Items<V> {
+    /// How many values, and their weight.
+    fn size(&self) -> (usize, usize) {
+        match self {
+            Items::One(_, weight) => (1, *weight),
+            Items::Front(values, None) => (values.len(), values.len()),
+            Items::Front(_, Some(weights)) => (weights.len(), weights.iter().sum()),
+        }
     }
 }
 
@@ -615,6 +945,7 @@ impl<R, K, V> fmt::Debug for SortedQueue<R, K, V> {
         f.debug_struct("SortedQueue")
             .field("keys", &self.slots.len())
             .field("values", &self.values)
+            .field("weight", &self.weight)
             .finish_non_exhaustive()
     }
 }
@@ -740,12 +1071,12 @@ mod tests {
         let mut q = SortedQueue::new();
         let mut seen = Vec::new();
         for v in 0..3 {
-            q.push_with("a", v, |len| {
-                seen.push(len);
+            q.push_with("a", v, v + 1, |len, weight| {
+                seen.push((len, weight));
                 10
             });
         }
-        assert_eq!(seen, [1, 2, 3]);
+        assert_eq!(seen, [(1, 1), (2, 3), (3, 6)]);
     }
 
     #[test]
@@ -779,7 +1110,7 @@ mod tests {
             q.push(i % 10, i, -i);
         }
         assert_eq!(q.len(), 100_000);
-        let index = q.fifo.len() + q.heap.len();
+        let index = q.index.len();
         assert!(
             index <= 2 * q.key_count() + SMALL + 1,
             "index has {index} tickets"
@@ -939,5 +1270,118 @@ mod tests {
         let batch = q.pop_batch(usize::MAX, |_| true);
         let want: Vec<_> = (10..60).map(|id| (id, vec![id])).collect();
         assert_eq!(batch, want);
+    }
+
+    #[test]
+    fn weight_caps_batches_and_splits() {
+        let mut q = SortedQueue::new();
+        for (v, w) in [(1, 3), (2, 3), (3, 3)] {
+            q.push_with("a", v, w, |_, _| 0);
+        }
+        q.push_with("b", 4, 1, |_, _| 1);
+        assert_eq!(q.weight(), 10);
+        assert_eq!(
+            q.pop_batch_weighted(10, 7, |_| true),
+            vec![("a", vec![1, 2])]
+        );
+        assert_eq!(q.weight(), 4);
+        assert_eq!(
+            q.pop_batch_weighted(10, 7, |_| true),
+            vec![("a", vec![3]), ("b", vec![4])]
+        );
+        assert_eq!((q.len(), q.weight()), (0, 0));
+    }
+
+    #[test]
+    fn heavy_value_goes_alone() {
+        let mut q = SortedQueue::new();
+        q.push_with("a", 1, 1, |_, _| 0);
+        q.push_with("b", 2, 50, |_, _| 1);
+        q.push_with("b", 3, 1, |_, _| 1);
+        // "a" fits; "b"'s first value does not, and the batch is not empty: stop.
+        assert_eq!(q.pop_batch_weighted(10, 10, |_| true), vec![("a", vec![1])]);
+        // Alone it goes, though heavier than the cap.
+        assert_eq!(q.pop_batch_weighted(10, 10, |_| true), vec![("b", vec![2])]);
+        assert_eq!(q.pop_batch_weighted(10, 10, |_| true), vec![("b", vec![3])]);
+    }
+
+    #[test]
+    fn unit_weights_count_values() {
+        let mut q = SortedQueue::new();
+        for v in 0..5 {
+            q.push("a", v, 0);
+        }
+        assert_eq!(
+            q.pop_batch_weighted(10, 3, |_| true),
+            vec![("a", vec![0, 1, 2])]
+        );
+        assert_eq!(q.pop_batch_weighted(1, 3, |_| true), vec![("a", vec![3])]);
+        assert_eq!(q.weight(), 1);
+    }
+
+    #[test]
+    fn requeue_keeps_weights_in_step() {
+        let mut q = SortedQueue::new();
+        q.push("a", 'c', 0);
+        q.requeue_weighted("a", vec!['a', 'b'], vec![5, 1], 0);
+        assert_eq!(q.weight(), 7);
+        assert_eq!(
+            q.pop_batch_weighted(10, 5, |_| true),
+            vec![("a", vec!['a'])]
+        );
+        assert_eq!(
+            q.pop_batch_weighted(10, 5, |_| true),
+            vec![("a", vec!['b', 'c'])]
+        );
+        q.push_with("b", 'x', 4, |_, _| 0);
+        q.requeue("b", vec!['w'], 0);
+        assert_eq!(q.weight(), 5);
+        assert_eq!(
+            q.pop_batch_weighted(10, 1, |_| true),
+            vec![("b", vec!['w'])]
+        );
+    }
+
+    #[test]
+    fn promote_lowers_one_key() {
+        let mut q = SortedQueue::new();
+        q.push("a", 1, 10);
+        q.push("b", 2, 20);
+        assert!(!q.promote(&"b", 30), "a higher rank changes nothing");
+        assert!(!q.promote(&"b", 15), "lower, but still behind a");
+        assert_eq!(q.peek_rank(), Some(&10));
+        assert!(q.promote(&"b", 5));
+        assert_eq!(q.pop_batch(10, |r| *r <= 5), vec![("b", vec![2])]);
+    }
+
+    #[test]
+    fn promote_all_keeps_arrival_order_among_equal_ranks() {
+        let mut q = SortedQueue::new();
+        q.push("late", 1, 50);
+        q.push("early", 2, 1);
+        q.push("mid", 3, 30);
+        assert!(q.promote_all(5));
+        assert!(!q.promote_all(5), "nothing left to lower");
+        // "early" keeps its smaller rank; the other two tie at 5 and go in arrival order.
+        let keys: Vec<_> = q
+            .pop_batch(10, |r| *r <= 5)
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(keys, ["early", "late", "mid"]);
+    }
+
+    #[test]
+    fn runs_end_when_keys_empty() {
+        let mut q = SortedQueue::new();
+        let first = q.insert("a", Items::One(1, 1), |_, _| 0).new_run.unwrap();
+        assert!(q.insert("a", Items::One(2, 1), |_, _| 0).new_run.is_none());
+        assert!(q.is_pending(first));
+        q.pop_batch(1, |_| true);
+        assert!(q.is_pending(first), "a split keeps the run");
+        q.pop_batch(1, |_| true);
+        assert!(!q.is_pending(first));
+        let second = q.insert("a", Items::One(3, 1), |_, _| 0).new_run.unwrap();
+        assert!(!q.is_pending(first) && q.is_pending(second));
     }
 }

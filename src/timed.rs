@@ -27,6 +27,7 @@
 //! # }
 //! ```
 
+use std::cmp::Ordering;
 use std::fmt;
 use std::hash::Hash;
 use std::pin::Pin;
@@ -34,14 +35,43 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_core::Stream;
+use futures_sink::Sink;
 use tokio::time::Instant;
 
-use crate::chan::{self, Config, Flavor};
+use crate::chan::{self, Config, Flavor, Weigher, Why};
 use crate::error::{SendError, TryRecvError, TrySendError};
+use crate::stats::Stats;
 use crate::Batch;
 
 /// The `timed` flavour: ranks are deadlines.
 enum Timed {}
+
+/// A key's deadline, and why it is what it is. Only `at` orders deadlines.
+#[derive(Clone, Copy, Debug)]
+struct Deadline {
+    at: Instant,
+    why: Why,
+}
+
+impl Ord for Deadline {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.at.cmp(&other.at)
+    }
+}
+
+impl PartialOrd for Deadline {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Deadline {
+    fn eq(&self, other: &Self) -> bool {
+        self.at == other.at
+    }
+}
+
+impl Eq for Deadline {}
 
 /// When a value wants its key to be due.
 enum Due {
@@ -49,35 +79,42 @@ enum Due {
     Window,
     /// At this instant, or at once if it has passed.
     By(Instant),
-    /// At once (a requeued batch).
-    Now,
+    /// At once, for this reason.
+    Now(Why),
 }
 
 impl Flavor for Timed {
-    type Rank = Instant;
+    type Rank = Deadline;
     type Input = Due;
 
-    fn rank(due: Due, now: Instant, key_len: usize, config: &Config) -> Instant {
-        let deadline = match due {
-            Due::Window => now
-                .checked_add(config.window)
-                .unwrap_or_else(|| far_future(now)),
-            Due::By(deadline) => deadline,
-            Due::Now => now,
+    fn rank(due: Due, now: Instant, values: usize, weight: usize, config: &Config) -> Deadline {
+        let (at, why) = match due {
+            Due::Window => {
+                let at = now.checked_add(config.window);
+                (at.unwrap_or_else(|| far_future(now)), Why::Due)
+            }
+            Due::By(at) => (at, Why::Due),
+            Due::Now(why) => (now, why),
         };
-        if key_len >= config.max_values_per_key {
-            deadline.min(now)
-        } else {
-            deadline
+        match config.is_full(values, weight) && at > now {
+            true => Deadline {
+                at: now,
+                why: Why::FullKey,
+            },
+            false => Deadline { at, why },
         }
     }
 
-    fn is_due(deadline: &Instant, now: Instant) -> bool {
-        *deadline <= now
+    fn is_due(deadline: &Deadline, now: Instant) -> bool {
+        deadline.at <= now
     }
 
-    fn deadline(deadline: &Instant) -> Option<Instant> {
-        Some(*deadline)
+    fn why(deadline: &Deadline) -> Why {
+        deadline.why
+    }
+
+    fn deadline(deadline: &Deadline) -> Option<Instant> {
+        Some(deadline.at)
     }
 }
 
@@ -112,7 +149,7 @@ pub fn channel<K: Hash + Eq + Clone, V>(window: Duration) -> (Sender<K, V>, Rece
 
 /// Builds a `timed` channel with limits.
 ///
-/// Every limit is off by default.
+/// Every limit is off by default. The crate docs have a table of all of them.
 ///
 /// # Examples
 ///
@@ -127,9 +164,10 @@ pub fn channel<K: Hash + Eq + Clone, V>(window: Duration) -> (Sender<K, V>, Rece
 ///     .build::<u64, String>();
 /// # drop((tx, rx));
 /// ```
-#[derive(Clone, Debug)]
-pub struct Builder {
+#[derive(Clone)]
+pub struct Builder<W = ()> {
     config: Config,
+    weigher: W,
 }
 
 impl Builder {
@@ -147,6 +185,36 @@ impl Builder {
     pub fn new(window: Duration) -> Self {
         Builder {
             config: Config::new(window),
+            weigher: (),
+        }
+    }
+}
+
+impl<W> Builder<W> {
+    /// Weighs each value, once, when it is sent: the weight limits then count weight instead
+    /// of values.
+    ///
+    /// Typical use: `|body: &Vec<u8>| body.len()`, so that batches stay under a size.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed::Builder;
+    ///
+    /// let (tx, rx) = Builder::new(Duration::from_secs(1))
+    ///     .weigher(|record: &String| record.len())
+    ///     .build::<u32, String>();
+    /// tx.try_send(1, "hello".to_string()).unwrap();
+    /// assert_eq!(rx.stats().pending_weight, 5);
+    /// ```
+    pub fn weigher<V, F>(self, f: F) -> Builder<F>
+    where
+        F: Fn(&V) -> usize + Send + Sync + 'static,
+    {
+        Builder {
+            config: self.config,
+            weigher: f,
         }
     }
 
@@ -177,7 +245,35 @@ impl Builder {
     /// ```
     #[track_caller]
     pub fn max_batch(mut self, n: usize) -> Self {
-        self.config.max_batch(n);
+        Config::set(&mut self.config.max_batch, n, "max_batch");
+        self
+    }
+
+    /// Caps the total weight of one batch, splitting keys as [`max_batch`](Self::max_batch)
+    /// does. A single value heavier than `n` goes out alone rather than being stuck.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `n` is 0.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed::Builder;
+    ///
+    /// let (tx, mut rx) = Builder::new(Duration::ZERO)
+    ///     .weigher(|body: &&str| body.len())
+    ///     .max_batch_weight(8)
+    ///     .build();
+    /// tx.try_send("k", "hello").unwrap();
+    /// tx.try_send("k", "world").unwrap();
+    /// assert_eq!(rx.try_recv(), Ok(vec![("k", vec!["hello"])]));
+    /// assert_eq!(rx.try_recv(), Ok(vec![("k", vec!["world"])]));
+    /// ```
+    #[track_caller]
+    pub fn max_batch_weight(mut self, n: usize) -> Self {
+        Config::set(&mut self.config.max_batch_weight, n, "max_batch_weight");
         self
     }
 
@@ -205,7 +301,34 @@ impl Builder {
     /// ```
     #[track_caller]
     pub fn max_values_per_key(mut self, n: usize) -> Self {
-        self.config.max_values_per_key(n);
+        Config::set(&mut self.config.max_values_per_key, n, "max_values_per_key");
+        self
+    }
+
+    /// Makes a key due at once when its pending values weigh `n` or more.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `n` is 0.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed::Builder;
+    ///
+    /// let (tx, mut rx) = Builder::new(Duration::from_secs(60))
+    ///     .weigher(|body: &&str| body.len())
+    ///     .max_key_weight(10)
+    ///     .build();
+    /// tx.try_send("k", "hello").unwrap();
+    /// assert!(rx.try_recv().is_err());
+    /// tx.try_send("k", "world").unwrap(); // 10 bytes: due now
+    /// assert_eq!(rx.try_recv(), Ok(vec![("k", vec!["hello", "world"])]));
+    /// ```
+    #[track_caller]
+    pub fn max_key_weight(mut self, n: usize) -> Self {
+        Config::set(&mut self.config.max_key_weight, n, "max_key_weight");
         self
     }
 
@@ -231,7 +354,61 @@ impl Builder {
     /// ```
     #[track_caller]
     pub fn capacity(mut self, n: usize) -> Self {
-        self.config.capacity(n);
+        Config::set(&mut self.config.capacity, n, "capacity");
+        self
+    }
+
+    /// Bounds the pending weight, as a memory budget: a value goes in only if the pending
+    /// weight stays at or under `n` with it (or nothing is pending), else `send` waits and
+    /// `try_send` fails.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `n` is 0.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed::Builder;
+    ///
+    /// let (tx, rx) = Builder::new(Duration::from_secs(1))
+    ///     .weigher(|body: &Vec<u8>| body.len())
+    ///     .max_weight(1024)
+    ///     .build();
+    /// tx.try_send("k", vec![0; 1000]).unwrap();
+    /// assert!(tx.try_send("k", vec![0; 100]).unwrap_err().is_full());
+    /// tx.try_send("k", vec![0; 24]).unwrap();
+    /// # drop(rx);
+    /// ```
+    #[track_caller]
+    pub fn max_weight(mut self, n: usize) -> Self {
+        Config::set(&mut self.config.max_weight, n, "max_weight");
+        self
+    }
+
+    /// Bounds the pending keys: a value for a key that is not pending waits (`send`) or is
+    /// refused (`try_send`) while `n` keys are pending. Values for pending keys still go in.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `n` is 0.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed::Builder;
+    ///
+    /// let (tx, rx) = Builder::new(Duration::from_secs(1)).max_keys(1).build();
+    /// tx.try_send("a", 1).unwrap();
+    /// assert!(tx.try_send("b", 2).unwrap_err().is_full());
+    /// tx.try_send("a", 3).unwrap();
+    /// # drop(rx);
+    /// ```
+    #[track_caller]
+    pub fn max_keys(mut self, n: usize) -> Self {
+        Config::set(&mut self.config.max_keys, n, "max_keys");
         self
     }
 
@@ -246,9 +423,20 @@ impl Builder {
     /// let (tx, rx) = Builder::new(Duration::from_secs(1)).build::<String, Vec<u8>>();
     /// # drop((tx, rx));
     /// ```
-    pub fn build<K: Hash + Eq + Clone, V>(self) -> (Sender<K, V>, Receiver<K, V>) {
-        let (tx, rx) = chan::channel(self.config);
+    pub fn build<K: Hash + Eq + Clone, V>(self) -> (Sender<K, V>, Receiver<K, V>)
+    where
+        W: Weigher<V>,
+    {
+        let (tx, rx) = chan::channel(self.config, self.weigher);
         (Sender { inner: tx }, Receiver { inner: rx })
+    }
+}
+
+impl<W> fmt::Debug for Builder<W> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Builder")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
     }
 }
 
@@ -484,6 +672,137 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
     }
 }
 
+impl<K: Hash + Eq + Clone, V> Sender<K, V> {
+    /// Makes `key` due at once, if it has pending values.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed;
+    ///
+    /// let (tx, mut rx) = timed::channel(Duration::from_secs(60));
+    /// tx.try_send("a", 1).unwrap();
+    /// tx.try_send("b", 2).unwrap();
+    /// tx.flush(&"b");
+    /// assert_eq!(rx.try_recv(), Ok(vec![("b", vec![2])]));
+    /// ```
+    pub fn flush(&self, key: &K) {
+        self.inner.flush_key(key, flushed());
+    }
+
+    /// Makes every pending key due at once. Keys that come later are not affected.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed;
+    ///
+    /// let (tx, mut rx) = timed::channel(Duration::from_secs(60));
+    /// tx.try_send("a", 1).unwrap();
+    /// tx.try_send("b", 2).unwrap();
+    /// tx.flush_all();
+    /// assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1]), ("b", vec![2])]));
+    /// ```
+    pub fn flush_all(&self) {
+        self.inner.flush_all(flushed());
+    }
+
+    /// Waits until the channel is closed for sending: every receiver is gone, or one called
+    /// [`Receiver::close`].
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is cancel safe.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let (tx, rx) = timed::channel::<u8, u8>(Duration::from_secs(1));
+    /// tokio::spawn(async move { drop(rx) });
+    /// tx.closed().await;
+    /// assert!(tx.is_closed());
+    /// # }
+    /// ```
+    pub async fn closed(&self) {
+        self.inner.closed().await
+    }
+
+    /// A snapshot of the channel's state and totals.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed;
+    ///
+    /// let (tx, _rx) = timed::channel(Duration::from_secs(1));
+    /// tx.try_send("a", 1).unwrap();
+    /// assert_eq!(tx.stats().sent, 1);
+    /// ```
+    pub fn stats(&self) -> Stats {
+        self.inner.stats()
+    }
+}
+
+/// A deadline of now, for a flush.
+fn flushed() -> Deadline {
+    Deadline {
+        at: Instant::now(),
+        why: Why::Flush,
+    }
+}
+
+/// Sends `(key, value)` pairs, so that `stream.map(..).forward(tx)` works.
+///
+/// `poll_ready` sends the value `start_send` took last, waiting for room as
+/// [`Sender::send`] does: it honours the capacity, weight and key limits without busy-looping.
+/// A value whose send fails comes back in the error.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use futures::{stream, StreamExt};
+/// use sorted_channel::timed;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let (tx, rx) = timed::channel(Duration::from_millis(10));
+/// let records = stream::iter(vec![("a", 1), ("b", 2), ("a", 3)]);
+/// records.map(Ok).forward(tx).await.unwrap();
+/// let batches: Vec<_> = rx.collect().await;
+/// assert_eq!(batches, vec![vec![("a", vec![1, 3]), ("b", vec![2])]]);
+/// # }
+/// ```
+impl<K: Hash + Eq + Clone, V> Sink<(K, V)> for Sender<K, V> {
+    type Error = SendError<(K, V)>;
+
+    fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.poll_flush(cx)
+    }
+
+    fn start_send(self: Pin<&mut Self>, (key, value): (K, V)) -> Result<(), Self::Error> {
+        self.get_mut().inner.start_send(Due::Window, key, value);
+        Ok(())
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        let flushed = self.get_mut().inner.poll_flush(cx);
+        flushed.map_err(|err| err.map(without_due))
+    }
+
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.poll_flush(cx)
+    }
+}
+
 fn without_due<K, V>((_, key, value): (Due, K, V)) -> (K, V) {
     (key, value)
 }
@@ -656,7 +975,7 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     /// # }
     /// ```
     pub fn requeue(&self, key: K, values: Vec<V>) -> Result<(), SendError<(K, Vec<V>)>> {
-        let requeued = self.inner.requeue(Due::Now, key, values);
+        let requeued = self.inner.requeue(Due::Now(Why::Due), key, values);
         requeued.map_err(|err| err.map(without_due))
     }
 
@@ -747,6 +1066,45 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     /// ```
     pub fn is_closed(&self) -> bool {
         self.inner.is_closed()
+    }
+}
+
+impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
+    /// Takes everything pending now, deadlines ignored, as batches split by the caps.
+    ///
+    /// It is for shutdown paths that cannot wait. The channel stays open.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed;
+    ///
+    /// let (tx, mut rx) = timed::Builder::new(Duration::from_secs(60)).max_batch(2).build();
+    /// for v in 0..3 {
+    ///     tx.try_send("k", v).unwrap();
+    /// }
+    /// assert_eq!(rx.drain_now(), vec![vec![("k", vec![0, 1])], vec![("k", vec![2])]]);
+    /// assert!(rx.is_empty());
+    /// ```
+    pub fn drain_now(&mut self) -> Vec<Batch<K, V>> {
+        self.inner.drain_now()
+    }
+
+    /// A snapshot of the channel's state and totals.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sorted_channel::timed;
+    ///
+    /// let (tx, rx) = timed::channel(Duration::from_secs(1));
+    /// tx.try_send("a", 1).unwrap();
+    /// assert_eq!(rx.stats().pending_keys, 1);
+    /// ```
+    pub fn stats(&self) -> Stats {
+        self.inner.stats()
     }
 }
 

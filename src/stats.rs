@@ -1,0 +1,84 @@
+//! A snapshot of a channel's state and totals: [`Stats`].
+
+use std::time::Duration;
+
+/// A snapshot of a channel: what is pending now, and totals since it was made.
+///
+/// `stats()` on any sender or receiver takes one. It costs one lock and no scan of the
+/// pending keys.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use sorted_channel::timed;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let (tx, mut rx) = timed::channel(Duration::from_secs(1));
+/// tx.send("a", 1).await.unwrap();
+/// tx.send("a", 2).await.unwrap();
+/// tokio::time::sleep(Duration::from_millis(300)).await;
+///
+/// let stats = rx.stats();
+/// assert_eq!((stats.pending_values, stats.pending_keys), (2, 1));
+/// assert_eq!(stats.oldest_pending, Some(Duration::from_millis(300)));
+///
+/// rx.recv().await.unwrap();
+/// let stats = tx.stats();
+/// assert_eq!((stats.sent, stats.delivered, stats.batches), (2, 2, 1));
+/// assert_eq!(stats.delivered_by.due, 1);
+/// # }
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Values pending now, over all keys.
+    pub pending_values: usize,
+    /// Keys with at least one pending value.
+    pub pending_keys: usize,
+    /// The total weight of the pending values: their count when there is no weigher.
+    pub pending_weight: usize,
+    /// How long ago the oldest pending run of values began: the time since the first value
+    /// of the longest-waiting key went in (or was requeued into an empty key). `None` when
+    /// nothing is pending.
+    pub oldest_pending: Option<Duration>,
+    /// Values accepted by `send`, `try_send` and their kin. Requeues are not counted here.
+    pub sent: u64,
+    /// Values handed out in batches (including `drain_now`), requeued ones again each time.
+    pub delivered: u64,
+    /// Batches handed out.
+    pub batches: u64,
+    /// Why each delivered key-batch (one `(key, values)` entry) came due.
+    pub delivered_by: Deliveries,
+    /// Values handed back with `requeue`.
+    pub requeued: u64,
+    /// Live senders.
+    pub senders: usize,
+    /// Live receivers.
+    pub receivers: usize,
+}
+
+/// Delivered key-batches (the `(key, values)` entries of batches) by why the key came due.
+///
+/// # Examples
+///
+/// ```
+/// use sorted_channel::stats::Deliveries;
+///
+/// let by = Deliveries::default();
+/// assert_eq!(by.due + by.full_key + by.flush + by.close, 0);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Deliveries {
+    /// `timed`: the key's deadline passed (a requeued key is due at once, so it counts here).
+    /// `ordered`: every delivery before close, since every key is due at once.
+    pub due: u64,
+    /// The key reached `max_values_per_key` or `max_key_weight` before its deadline.
+    pub full_key: u64,
+    /// `flush`, `flush_all` or `drain_now` made the key due before its deadline.
+    pub flush: u64,
+    /// The channel closed before the key's deadline.
+    pub close: u64,
+}
