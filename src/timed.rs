@@ -828,6 +828,9 @@ impl<K, V> fmt::Debug for Sender<K, V> {
 /// sent. Clones share the work: each batch goes to exactly one of them. When the channel is
 /// closed, everything pending is due at once, and the stream ends once it is delivered.
 ///
+/// Waiting for a deadline needs tokio's timer: poll a receiver inside a tokio runtime with
+/// time enabled. `try_recv` and `drain_now` work anywhere.
+///
 /// # Examples
 ///
 /// ```
