@@ -34,7 +34,11 @@ async fn main() {
                 if tick.tick().await >= stop {
                     break;
                 }
-                if tx.send(format!("key_{k}"), format!("value_{j}_{k}")).await.is_err() {
+                if tx
+                    .send(format!("key_{k}"), format!("value_{j}_{k}"))
+                    .await
+                    .is_err()
+                {
                     break;
                 }
             }
@@ -76,5 +80,10 @@ fn usage(problem: &str) -> ! {
 fn mmss_fff(now: SystemTime) -> String {
     let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
     let secs = since.as_secs() % 3600;
-    format!("{:02}{:02}.{:03}", secs / 60, secs % 60, since.subsec_millis())
+    format!(
+        "{:02}{:02}.{:03}",
+        secs / 60,
+        secs % 60,
+        since.subsec_millis()
+    )
 }
