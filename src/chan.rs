@@ -171,6 +171,7 @@ where
             waiting: false,
         },
         sleep: None,
+        armed: false,
     };
     (Sender { chan }, rx)
 }
@@ -355,6 +356,8 @@ pub(crate) struct Receiver<F: Flavor, K, V> {
     waiter: Waiter,
     /// The one timer this receiver sleeps on, made on first use and then reset.
     sleep: Option<Pin<Box<Sleep>>>,
+    /// Whether `sleep` is set for a deadline that has not fired yet.
+    armed: bool,
 }
 
 impl<F: Flavor, K: Hash + Eq + Clone, V> Receiver<F, K, V>
@@ -402,9 +405,11 @@ where
             };
             drop(state);
             let Some(deadline) = deadline else {
+                self.disarm(now);
                 return Poll::Pending;
             };
             // One timer per receiver, reset rather than made anew.
+            self.armed = true;
             let sleep = match &mut self.sleep {
                 Some(sleep) => {
                     if sleep.deadline() != deadline {
@@ -420,6 +425,16 @@ where
                 return Poll::Pending;
             }
             // The deadline passed while we looked: take the batch now.
+            self.armed = false;
+        }
+    }
+
+    /// Parks a timer this receiver no longer sleeps on: left set for an old deadline, it
+    /// would wake the task for nothing. Resetting keeps the one timer for later.
+    fn disarm(&mut self, now: Instant) {
+        if let (Some(sleep), true) = (&mut self.sleep, self.armed) {
+            sleep.as_mut().reset(far_future(now));
+            self.armed = false;
         }
     }
 
@@ -533,6 +548,7 @@ impl<F: Flavor, K, V> Clone for Receiver<F, K, V> {
             chan: Arc::clone(&self.chan),
             waiter: Waiter { id, waiting: false },
             sleep: None,
+            armed: false,
         }
     }
 }
@@ -600,6 +616,11 @@ fn close_state<R, K, V>(state: &mut State<R, K, V>) -> Vec<Waker> {
     let receivers = state.recv_waiters.iter().map(|(_, w)| w.clone());
     let senders = state.send_waiters.iter().map(|(_, w)| w.clone());
     receivers.chain(senders).collect()
+}
+
+/// An instant later than any program waits: about 30 years on.
+pub(crate) fn far_future(now: Instant) -> Instant {
+    now + Duration::from_secs(30 * 365 * 24 * 60 * 60)
 }
 
 // ===== blocking =====

@@ -36,7 +36,7 @@ use std::time::Duration;
 use futures_core::Stream;
 use tokio::time::Instant;
 
-use crate::chan::{self, Config, Flavor};
+use crate::chan::{self, far_future, Config, Flavor};
 use crate::error::{SendError, TryRecvError, TrySendError};
 use crate::Batch;
 
@@ -59,6 +59,8 @@ impl Flavor for Timed {
 
     fn rank(due: Due, now: Instant, key_len: usize, config: &Config) -> Instant {
         let deadline = match due {
+            // A window too long to add is "never": the far future is still monotonic in
+            // `now`, so the FIFO order holds.
             Due::Window => now
                 .checked_add(config.window)
                 .unwrap_or_else(|| far_future(now)),
@@ -79,12 +81,6 @@ impl Flavor for Timed {
     fn deadline(deadline: &Instant) -> Option<Instant> {
         Some(*deadline)
     }
-}
-
-/// A deadline for windows too long to add to `now`: about 30 years, later than any program
-/// waits, and still monotonic in `now`, so the FIFO order holds.
-fn far_future(now: Instant) -> Instant {
-    now + Duration::from_secs(30 * 365 * 24 * 60 * 60)
 }
 
 /// Creates an unbounded `timed` channel whose keys are due `window` after their first
@@ -537,6 +533,10 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     /// This method is cancel safe: if it is dropped before it completes, no value has left
     /// the channel. If this receiver was the one sleeping on the next deadline, another
     /// waiting receiver takes over.
+    ///
+    /// Prefer it to `StreamExt::next` in `select!` when receivers are cloned: a dropped
+    /// `next()` future cannot give up the receiver's place among the waiters, so until the
+    /// receiver is polled again or dropped, the others may wait longer for a deadline.
     ///
     /// # Examples
     ///
