@@ -530,10 +530,11 @@ where
             waiting: false,
         },
         sleep: None,
+        armed: false,
     };
     let tx = Sender {
         chan,
-        sink: None,
+        sink: Mutex::new(None),
         place: None,
     };
     (tx, rx)
@@ -543,8 +544,10 @@ where
 
 pub(crate) struct Sender<F: Flavor, K, V> {
     chan: Arc<Chan<F, K, V>>,
-    /// The value `start_send` handed over, until it goes in.
-    sink: Option<Item<F, K, V>>,
+    /// The value `start_send` handed over, until it goes in. Only `&mut self` methods touch
+    /// it, through `get_mut`, so the mutex is never locked: it is there to keep a sender
+    /// `Sync` when `K` and `V` are only `Send`.
+    sink: Mutex<Option<Item<F, K, V>>>,
     /// Its place in line.
     place: Option<Place>,
 }
@@ -619,19 +622,22 @@ where
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), Refused<F, K, V>>> {
-        if self.sink.is_none() {
+        let sink = self.sink.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if sink.is_none() {
             return Poll::Ready(Ok(()));
         }
-        self.chan.poll_send(cx, &mut self.sink, &mut self.place)
+        self.chan.poll_send(cx, sink, &mut self.place)
     }
 
     /// `Sink::start_send`: takes a value, which the next `poll_ready` or `poll_flush` sends.
     pub(crate) fn start_send(&mut self, input: F::Input, key: K, value: V) {
+        let item = self.item(input, key, value);
+        let sink = self.sink.get_mut().unwrap_or_else(PoisonError::into_inner);
         assert!(
-            self.sink.is_none(),
+            sink.is_none(),
             "start_send called before poll_ready returned Ready(Ok(()))"
         );
-        self.sink = self.item(input, key, value);
+        *sink = item;
     }
 
     pub(crate) fn flush_key(&self, key: &K, rank: F::Rank) {
@@ -689,7 +695,7 @@ impl<F: Flavor, K, V> Clone for Sender<F, K, V> {
         self.chan.lock().senders += 1;
         Sender {
             chan: Arc::clone(&self.chan),
-            sink: None,
+            sink: Mutex::new(None),
             place: None,
         }
     }
@@ -733,6 +739,8 @@ pub(crate) struct Receiver<F: Flavor, K, V> {
     waiter: Waiter,
     /// The one timer this receiver sleeps on, made on first use and then reset.
     sleep: Option<Pin<Box<Sleep>>>,
+    /// Whether `sleep` is set for a deadline that has not fired yet.
+    armed: bool,
 }
 
 impl<F: Flavor, K: Hash + Eq + Clone, V> Receiver<F, K, V>
@@ -765,9 +773,11 @@ where
             };
             drop(state);
             let Some(deadline) = deadline else {
+                self.disarm(now);
                 return Poll::Pending;
             };
             // One timer per receiver, reset rather than made anew.
+            self.armed = true;
             let sleep = match &mut self.sleep {
                 Some(sleep) => {
                     if sleep.deadline() != deadline {
@@ -783,6 +793,16 @@ where
                 return Poll::Pending;
             }
             // The deadline passed while we looked: take the batch now.
+            self.armed = false;
+        }
+    }
+
+    /// Parks a timer this receiver no longer sleeps on: left set for an old deadline, it
+    /// would wake the task for nothing. Resetting keeps the one timer for later.
+    fn disarm(&mut self, now: Instant) {
+        if let (Some(sleep), true) = (&mut self.sleep, self.armed) {
+            sleep.as_mut().reset(far_future(now));
+            self.armed = false;
         }
     }
 
@@ -936,6 +956,7 @@ impl<F: Flavor, K, V> Clone for Receiver<F, K, V> {
             chan: Arc::clone(&self.chan),
             waiter: Waiter { id, waiting: false },
             sleep: None,
+            armed: false,
         }
     }
 }
@@ -991,6 +1012,11 @@ impl Waiter {
             .remove(at.expect("waiting receiver is listed"));
         at == Some(0)
     }
+}
+
+/// An instant later than any program waits: about 30 years on.
+pub(crate) fn far_future(now: Instant) -> Instant {
+    now + Duration::from_secs(30 * 365 * 24 * 60 * 60)
 }
 
 // ===== blocking =====

@@ -597,6 +597,10 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
     /// This method is cancel safe: if it is dropped before it completes, no value has left
     /// the channel.
     ///
+    /// Prefer it to `StreamExt::next` in `select!` when receivers are cloned: a dropped
+    /// `next()` future cannot give up the receiver's place among the waiters, so until the
+    /// receiver is polled again or dropped, the others may wait longer for a deadline.
+    ///
     /// # Examples
     ///
     /// ```

@@ -38,7 +38,7 @@ use futures_core::Stream;
 use futures_sink::Sink;
 use tokio::time::Instant;
 
-use crate::chan::{self, Config, Flavor, Weigher, Why};
+use crate::chan::{self, far_future, Config, Flavor, Weigher, Why};
 use crate::error::{SendError, TryRecvError, TrySendError};
 use crate::stats::Stats;
 use crate::Batch;
@@ -89,6 +89,8 @@ impl Flavor for Timed {
 
     fn rank(due: Due, now: Instant, values: usize, weight: usize, config: &Config) -> Deadline {
         let (at, why) = match due {
+            // A window too long to add is "never": the far future is still monotonic in
+            // `now`, so the FIFO order holds.
             Due::Window => {
                 let at = now.checked_add(config.window);
                 (at.unwrap_or_else(|| far_future(now)), Why::Due)
@@ -116,12 +118,6 @@ impl Flavor for Timed {
     fn deadline(deadline: &Deadline) -> Option<Instant> {
         Some(deadline.at)
     }
-}
-
-/// A deadline for windows too long to add to `now`: about 30 years, later than any program
-/// waits, and still monotonic in `now`, so the FIFO order holds.
-fn far_future(now: Instant) -> Instant {
-    now + Duration::from_secs(30 * 365 * 24 * 60 * 60)
 }
 
 /// Creates an unbounded `timed` channel whose keys are due `window` after their first
@@ -859,6 +855,10 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     /// This method is cancel safe: if it is dropped before it completes, no value has left
     /// the channel. If this receiver was the one sleeping on the next deadline, another
     /// waiting receiver takes over.
+    ///
+    /// Prefer it to `StreamExt::next` in `select!` when receivers are cloned: a dropped
+    /// `next()` future cannot give up the receiver's place among the waiters, so until the
+    /// receiver is polled again or dropped, the others may wait longer for a deadline.
     ///
     /// # Examples
     ///

@@ -1,0 +1,99 @@
+//! Compile-time checks of the auto traits: the handles are `Send + Sync` when the keys,
+//! values and sort keys are `Send` (not necessarily `Sync`), receivers are `Unpin` whatever
+//! they carry, senders and receivers are `Clone`, and the futures of `send` and `recv` are
+//! `Send`, so they can run on a multi-threaded runtime.
+//!
+//! If a bound is missing, this file does not compile.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::marker::{PhantomData, PhantomPinned};
+use std::time::Duration;
+
+use futures::Stream;
+use sorted_channel::{ordered, timed};
+use tokio::time::Instant;
+
+/// A key that is `Send` but not `Sync`.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct Key(u8, PhantomData<Cell<()>>);
+
+/// A sort key that is `Send` but not `Sync`.
+type Sort = Key;
+
+/// A value that is `Send` but neither `Sync` nor `Clone`.
+type Value = Cell<u8>;
+
+fn is_send<T: Send>() {}
+fn is_sync<T: Sync>() {}
+fn is_unpin<T: Unpin>() {}
+fn is_clone<T: Clone>() {}
+fn is_stream<T: Stream + Unpin>() {}
+fn is_send_future<F: Future + Send>(future: F) -> F {
+    future
+}
+
+fn key() -> Key {
+    Key(0, PhantomData)
+}
+
+/// `timed::Sender` and `timed::Receiver` are `Send + Sync + Clone`, and the receiver is an
+/// `Unpin` stream even for a value that is `!Unpin`.
+#[test]
+fn timed_handles() {
+    is_send::<timed::Sender<Key, Value>>();
+    is_sync::<timed::Sender<Key, Value>>();
+    is_clone::<timed::Sender<Key, Value>>();
+    is_unpin::<timed::Sender<Key, Value>>();
+    is_send::<timed::Receiver<Key, Value>>();
+    is_sync::<timed::Receiver<Key, Value>>();
+    is_clone::<timed::Receiver<Key, Value>>();
+    is_unpin::<timed::Receiver<Key, Value>>();
+    is_unpin::<timed::Receiver<Key, PhantomPinned>>();
+    is_stream::<timed::Receiver<Key, Value>>();
+}
+
+/// `ordered::Sender` and `ordered::Receiver` are `Send + Sync + Clone`, and the receiver is
+/// an `Unpin` stream even for a value that is `!Unpin`.
+#[test]
+fn ordered_handles() {
+    is_send::<ordered::Sender<Sort, Key, Value>>();
+    is_sync::<ordered::Sender<Sort, Key, Value>>();
+    is_clone::<ordered::Sender<Sort, Key, Value>>();
+    is_unpin::<ordered::Sender<Sort, Key, Value>>();
+    is_send::<ordered::Receiver<Sort, Key, Value>>();
+    is_sync::<ordered::Receiver<Sort, Key, Value>>();
+    is_clone::<ordered::Receiver<Sort, Key, Value>>();
+    is_unpin::<ordered::Receiver<Sort, Key, Value>>();
+    is_unpin::<ordered::Receiver<Sort, Key, PhantomPinned>>();
+    is_stream::<ordered::Receiver<Sort, Key, Value>>();
+}
+
+/// The futures of the `timed` `send`, `send_by` and `recv` are `Send`.
+#[tokio::test]
+async fn timed_futures_are_send() {
+    let (tx, mut rx) = timed::channel::<Key, Value>(Duration::from_secs(1));
+    drop(is_send_future(tx.send(key(), Cell::new(1))));
+    drop(is_send_future(tx.send_by(
+        key(),
+        Cell::new(2),
+        Instant::now(),
+    )));
+    drop(is_send_future(rx.recv()));
+    // The handles cross threads for real, too.
+    let sent = tokio::spawn(async move { tx.send(key(), Cell::new(3)).await.is_ok() });
+    assert!(sent.await.unwrap());
+    assert_eq!(rx.len(), 1);
+}
+
+/// The futures of the `ordered` `send` and `recv` are `Send`.
+#[tokio::test]
+async fn ordered_futures_are_send() {
+    let (tx, mut rx) = ordered::channel::<Sort, Key, Value>();
+    drop(is_send_future(tx.send(key(), key(), Cell::new(1))));
+    drop(is_send_future(rx.recv()));
+    let sent = tokio::spawn(async move { tx.send(key(), key(), Cell::new(2)).await.is_ok() });
+    assert!(sent.await.unwrap());
+    let batch = tokio::spawn(async move { rx.recv().await.map(|batch| batch.len()) });
+    assert_eq!(batch.await.unwrap(), Some(1));
+}

@@ -1,0 +1,287 @@
+//! Closing: by dropping every sender, by `close()`, or by dropping every receiver. What
+//! pending values do, what sends and requeues do afterwards, and who is woken.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sorted_channel::error::{SendError, TryRecvError, TrySendError};
+use sorted_channel::{ordered, timed};
+use tokio::time::{advance, Instant};
+use tokio_test::task;
+use tokio_test::{assert_pending, assert_ready};
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// Sends one key with three values and two single keys, with `b` ranked before `a`.
+async fn fill(tx: &timed::Sender<&'static str, i32>) {
+    let start = Instant::now();
+    for v in 1..=3 {
+        tx.send("a", v).await.unwrap(); // start + 1 h
+    }
+    tx.send_by("b", 10, start + HOUR / 2).await.unwrap();
+    tx.send("c", 20).await.unwrap();
+}
+
+/// Rule 6: dropping the last sender (not just one) makes everything due at once; batches keep
+/// `max_batch` and rank order, then the stream ends.
+#[tokio::test(start_paused = true)]
+async fn drop_senders_flushes() {
+    let (tx, mut rx) = timed::Builder::new(HOUR).max_batch(2).build();
+    let start = Instant::now();
+    let tx2 = tx.clone();
+    fill(&tx).await;
+    drop(tx);
+    assert!(!rx.is_closed());
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+
+    drop(tx2);
+    assert!(rx.is_closed());
+    assert_eq!(rx.recv().await, Some(vec![("b", vec![10]), ("a", vec![1])]));
+    assert_eq!(rx.recv().await, Some(vec![("a", vec![2, 3])]));
+    assert_eq!(rx.recv().await, Some(vec![("c", vec![20])]));
+    assert_eq!(rx.recv().await, None);
+    assert_eq!(rx.recv().await, None);
+    assert_eq!(Instant::now(), start);
+}
+
+/// Rule 6: `close()` flushes the same way while senders are still alive.
+#[tokio::test(start_paused = true)]
+async fn close_flushes() {
+    let (tx, mut rx) = timed::Builder::new(HOUR).max_batch(2).build();
+    let start = Instant::now();
+    fill(&tx).await;
+    rx.close();
+    assert!(tx.is_closed());
+    assert!(rx.is_closed());
+    assert_eq!(rx.try_recv(), Ok(vec![("b", vec![10]), ("a", vec![1])]));
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![2, 3])]));
+    assert_eq!(rx.try_recv(), Ok(vec![("c", vec![20])]));
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Disconnected));
+    assert_eq!(rx.recv().await, None);
+    assert_eq!(Instant::now(), start);
+}
+
+/// Rule 6: after close, every `timed` send method fails and hands the value back.
+#[tokio::test(start_paused = true)]
+async fn send_after_close_timed() {
+    let (tx, rx) = timed::channel(HOUR);
+    rx.close();
+    let soon = Instant::now() + HOUR;
+    assert_eq!(tx.send("a", 1).await, Err(SendError(("a", 1))));
+    assert_eq!(tx.send_by("a", 2, soon).await, Err(SendError(("a", 2))));
+    assert_eq!(tx.try_send("a", 3), Err(TrySendError::Closed(("a", 3))));
+    assert_eq!(
+        tx.try_send_by("a", 4, soon),
+        Err(TrySendError::Closed(("a", 4)))
+    );
+    assert!(rx.is_empty());
+}
+
+/// Rule 6: after close, every `ordered` send method fails and hands the value back.
+#[tokio::test]
+async fn send_after_close_ordered() {
+    let (tx, rx) = ordered::channel();
+    rx.close();
+    assert_eq!(tx.send(1, "a", 'x').await, Err(SendError((1, "a", 'x'))));
+    assert_eq!(
+        tx.try_send(2, "a", 'y'),
+        Err(TrySendError::Closed((2, "a", 'y')))
+    );
+    assert!(rx.is_empty());
+}
+
+/// Rule 6: `blocking_send` fails and hands the value back after `close()` or once every
+/// receiver is gone (both flavours).
+#[test]
+fn blocking_send_after_close() {
+    let (tx, rx) = timed::channel(HOUR);
+    rx.close();
+    assert_eq!(tx.blocking_send("a", 1), Err(SendError(("a", 1))));
+    let (tx, rx) = timed::channel(HOUR);
+    drop(rx);
+    assert_eq!(tx.blocking_send("a", 2), Err(SendError(("a", 2))));
+
+    let (tx, rx) = ordered::channel();
+    rx.close();
+    assert_eq!(tx.blocking_send(1, "a", 3), Err(SendError((1, "a", 3))));
+    let (tx, rx) = ordered::channel();
+    drop(rx);
+    assert_eq!(tx.blocking_send(1, "a", 4), Err(SendError((1, "a", 4))));
+}
+
+/// Rule 6: dropping the last receiver (not just one) makes sends fail with the value.
+#[tokio::test(start_paused = true)]
+async fn drop_receivers_timed() {
+    let (tx, rx) = timed::channel(HOUR);
+    let rx2 = rx.clone();
+    drop(rx);
+    assert!(!tx.is_closed());
+    tx.send("a", 1).await.unwrap();
+    drop(rx2);
+    assert!(tx.is_closed());
+    assert_eq!(tx.send("a", 2).await, Err(SendError(("a", 2))));
+    let soon = Instant::now();
+    assert_eq!(tx.send_by("a", 3, soon).await, Err(SendError(("a", 3))));
+    assert_eq!(tx.try_send("a", 4), Err(TrySendError::Closed(("a", 4))));
+    assert_eq!(
+        tx.try_send_by("a", 5, soon),
+        Err(TrySendError::Closed(("a", 5)))
+    );
+}
+
+/// Rule 6: dropping the last receiver makes `ordered` sends fail with the value.
+#[tokio::test]
+async fn drop_receivers_ordered() {
+    let (tx, rx) = ordered::channel();
+    let rx2 = rx.clone();
+    drop(rx);
+    tx.send(1, "a", 1).await.unwrap();
+    drop(rx2);
+    assert!(tx.is_closed());
+    assert_eq!(tx.send(2, "a", 2).await, Err(SendError((2, "a", 2))));
+    assert_eq!(
+        tx.try_send(3, "a", 3),
+        Err(TrySendError::Closed((3, "a", 3)))
+    );
+}
+
+/// With every receiver gone, the values still pending are dropped, not leaked.
+#[test]
+fn drop_receivers_drops_pending() {
+    let value = Arc::new(());
+    let (tx, rx) = ordered::channel();
+    tx.try_send(1, "a", Arc::clone(&value)).unwrap();
+    tx.try_send(2, "b", Arc::clone(&value)).unwrap();
+    assert_eq!(Arc::strong_count(&value), 3);
+    drop(rx);
+    assert_eq!(Arc::strong_count(&value), 1);
+    drop(tx);
+}
+
+/// Rule 6: a requeue after close but before the end joins the flush, in front of the key's
+/// other values.
+#[tokio::test(start_paused = true)]
+async fn requeue_joins_flush() {
+    let (tx, mut rx) = timed::Builder::new(HOUR).max_batch(2).build();
+    for v in 1..=3 {
+        tx.send("a", v).await.unwrap();
+    }
+    drop(tx);
+    let (key, values) = rx.recv().await.unwrap().remove(0);
+    assert_eq!(values, vec![1, 2]);
+    rx.requeue(key, values).unwrap();
+    assert_eq!(rx.recv().await, Some(vec![("a", vec![1, 2])]));
+    assert_eq!(rx.recv().await, Some(vec![("a", vec![3])]));
+    rx.requeue("b", vec![4]).unwrap();
+    assert_eq!(rx.recv().await, Some(vec![("b", vec![4])]));
+    assert_eq!(rx.recv().await, None);
+}
+
+/// Rule 6: once `recv` has returned `None`, requeue fails and hands the values back, for
+/// this receiver and its clones (`timed`).
+#[tokio::test(start_paused = true)]
+async fn requeue_after_end_timed() {
+    let (tx, mut rx) = timed::channel::<&str, i32>(HOUR);
+    let other = rx.clone();
+    drop(tx);
+    assert_eq!(rx.recv().await, None);
+    assert_eq!(rx.requeue("a", vec![1]), Err(SendError(("a", vec![1]))));
+    assert_eq!(other.requeue("a", vec![2]), Err(SendError(("a", vec![2]))));
+    assert!(rx.is_empty());
+}
+
+/// Rule 6: once `recv` has returned `None`, requeue fails and hands the values back
+/// (`ordered`).
+#[tokio::test]
+async fn requeue_after_end_ordered() {
+    let (tx, mut rx) = ordered::channel::<u8, &str, i32>();
+    tx.send(1, "a", 1).await.unwrap();
+    rx.close();
+    let batch = rx.recv().await.unwrap();
+    assert_eq!(batch, vec![("a", vec![1])]);
+    assert_eq!(rx.recv().await, None);
+    assert_eq!(
+        rx.requeue(1, "a", vec![1]),
+        Err(SendError((1, "a", vec![1])))
+    );
+}
+
+/// Rule 6: dropping the last sender wakes a receiver sleeping on a far deadline, which then
+/// gets the batch without waiting and then `None`.
+#[tokio::test(start_paused = true)]
+async fn drop_senders_wakes_receiver() {
+    let (tx, mut rx) = timed::channel(HOUR);
+    let start = Instant::now();
+    tx.send("a", 1).await.unwrap();
+    let mut recv = task::spawn(rx.recv());
+    assert_pending!(recv.poll());
+    drop(tx);
+    assert!(recv.is_woken());
+    assert_eq!(assert_ready!(recv.poll()), Some(vec![("a", vec![1])]));
+    drop(recv);
+    assert_eq!(rx.recv().await, None);
+    assert_eq!(Instant::now(), start);
+}
+
+/// Rule 6: `close()` wakes every waiting receiver on an empty channel, and they see the end.
+#[tokio::test(start_paused = true)]
+async fn close_wakes_receiver() {
+    let (_tx, mut rx1) = timed::channel::<&str, i32>(HOUR);
+    let mut rx2 = rx1.clone();
+    let closer = rx1.clone();
+    let mut r1 = task::spawn(rx1.recv());
+    let mut r2 = task::spawn(rx2.recv());
+    assert_pending!(r1.poll());
+    assert_pending!(r2.poll());
+    advance(HOUR).await;
+    assert!(!r1.is_woken());
+    closer.close();
+    assert!(r1.is_woken());
+    assert!(r2.is_woken());
+    assert_eq!(assert_ready!(r1.poll()), None);
+    assert_eq!(assert_ready!(r2.poll()), None);
+}
+
+/// Rule 6: `close()` wakes a sender waiting for room, which fails with its value.
+#[tokio::test(start_paused = true)]
+async fn close_wakes_sender() {
+    let (tx, rx) = timed::Builder::new(HOUR).capacity(1).build();
+    tx.send("a", 1).await.unwrap();
+    let mut send = task::spawn(tx.send("b", 2));
+    assert_pending!(send.poll());
+    rx.close();
+    assert!(send.is_woken());
+    assert_eq!(assert_ready!(send.poll()), Err(SendError(("b", 2))));
+    assert_eq!(rx.len(), 1);
+}
+
+/// Rule 6: dropping the last receiver wakes a sender waiting for room, which fails with its
+/// value.
+#[tokio::test]
+async fn drop_receivers_wakes_sender() {
+    let (tx, rx) = ordered::Builder::new().capacity(1).build();
+    tx.send(1, "a", 1).await.unwrap();
+    let mut send = task::spawn(tx.send(2, "b", 2));
+    assert_pending!(send.poll());
+    drop(rx);
+    assert!(send.is_woken());
+    assert_eq!(assert_ready!(send.poll()), Err(SendError((2, "b", 2))));
+}
+
+/// Rule 7: a channel that is both closed and full reports `Closed`, not `Full`.
+#[test]
+fn closed_and_full_is_closed() {
+    let (tx, rx) = timed::Builder::new(HOUR).capacity(1).build();
+    tx.try_send("a", 1).unwrap();
+    assert_eq!(tx.try_send("a", 2), Err(TrySendError::Full(("a", 2))));
+    rx.close();
+    assert_eq!(tx.try_send("a", 3), Err(TrySendError::Closed(("a", 3))));
+
+    let (tx, rx) = ordered::Builder::new().capacity(1).build();
+    tx.try_send(1, "a", 1).unwrap();
+    drop(rx);
+    assert_eq!(
+        tx.try_send(1, "a", 2),
+        Err(TrySendError::Closed((1, "a", 2)))
+    );
+}

@@ -1,0 +1,678 @@
+//! The `timed` flavour: aggregation, deadlines, batch order, splitting, requeue, wakeups,
+//! cloned receivers, the stream, the counters and the builder's checks.
+//!
+//! Time is paused, so every timing claim is exact to the millisecond.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use futures::StreamExt;
+use sorted_channel::error::TryRecvError;
+use sorted_channel::timed::{self, Builder};
+use tokio::time::{advance, Instant};
+use tokio_test::task;
+use tokio_test::{assert_pending, assert_ready};
+
+const WINDOW: Duration = Duration::from_secs(10);
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+// ===== aggregation and deadlines =====
+
+/// Rule 1: all pending values of a key come out together, in the order they were sent.
+#[tokio::test(start_paused = true)]
+async fn aggregation() {
+    let (tx, mut rx) = timed::channel(WINDOW);
+    tx.send("a", 1).await.unwrap();
+    tx.send("b", 10).await.unwrap();
+    tx.send("a", 2).await.unwrap();
+    tx.send("b", 20).await.unwrap();
+    tx.send("a", 3).await.unwrap();
+
+    let batch = rx.recv().await;
+    assert_eq!(batch, Some(vec![("a", vec![1, 2, 3]), ("b", vec![10, 20])]));
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+}
+
+/// Rule 2: `send` gives the deadline `now + window`: pending one millisecond before it, ready
+/// exactly at it.
+#[tokio::test(start_paused = true)]
+async fn window_is_exact() {
+    let (tx, mut rx) = timed::channel(WINDOW);
+    let start = Instant::now();
+    tx.send("a", 1).await.unwrap();
+    assert_eq!(rx.next_deadline(), Some(start + WINDOW));
+
+    let mut recv = task::spawn(rx.recv());
+    assert_pending!(recv.poll());
+    advance(WINDOW - ms(1)).await;
+    assert!(!recv.is_woken());
+    assert_pending!(recv.poll());
+    advance(ms(1)).await;
+    assert!(recv.is_woken());
+    assert_eq!(assert_ready!(recv.poll()), Some(vec![("a", vec![1])]));
+}
+
+/// Rule 2: a key's deadline is the smallest among its values, so later values ride along,
+/// and `now` is read when each value is sent.
+#[tokio::test(start_paused = true)]
+async fn first_value_sets_the_deadline() {
+    let (tx, mut rx) = timed::channel(WINDOW);
+    let start = Instant::now();
+    tx.send("a", 1).await.unwrap();
+    advance(secs(3)).await;
+    tx.send("a", 2).await.unwrap();
+    tx.send("b", 3).await.unwrap();
+    assert_eq!(rx.next_deadline(), Some(start + WINDOW));
+
+    assert_eq!(rx.recv().await, Some(vec![("a", vec![1, 2])]));
+    assert_eq!(Instant::now(), start + WINDOW);
+    assert_eq!(rx.next_deadline(), Some(start + secs(3) + WINDOW));
+    assert_eq!(rx.recv().await, Some(vec![("b", vec![3])]));
+    assert_eq!(Instant::now(), start + secs(3) + WINDOW);
+}
+
+/// Rule 2: `send_by` tightens a key's deadline, and a later, looser `send_by` does not move it
+/// back.
+#[tokio::test(start_paused = true)]
+async fn send_by_tightens_deadline() {
+    let (tx, mut rx) = timed::channel(WINDOW);
+    let start = Instant::now();
+    tx.send("a", 1).await.unwrap();
+    tx.send_by("a", 2, start + ms(300)).await.unwrap();
+    assert_eq!(rx.next_deadline(), Some(start + ms(300)));
+    tx.send_by("a", 3, start + secs(5)).await.unwrap();
+    tx.try_send_by("a", 4, start + secs(6)).unwrap();
+    assert_eq!(rx.next_deadline(), Some(start + ms(300)));
+
+    let batch = rx.recv().await;
+    assert_eq!(Instant::now(), start + ms(300));
+    assert_eq!(batch, Some(vec![("a", vec![1, 2, 3, 4])]));
+}
+
+/// Rule 2: `send_by` with a deadline now or in the past makes the key due at once.
+#[tokio::test(start_paused = true)]
+async fn send_by_past_deadline_is_due_at_once() {
+    let (tx, mut rx) = timed::channel(WINDOW);
+    let start = Instant::now();
+    advance(secs(1)).await;
+    tx.send("a", 1).await.unwrap();
+    tx.send_by("a", 2, start).await.unwrap();
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1, 2])]));
+
+    tx.try_send_by("b", 3, Instant::now()).unwrap();
+    assert_eq!(rx.try_recv(), Ok(vec![("b", vec![3])]));
+    assert_eq!(Instant::now(), start + secs(1));
+}
+
+/// Rule 2: a key that holds `max_values_per_key` values is due at once; other keys keep
+/// their deadline, and the emptied key starts counting again.
+#[tokio::test(start_paused = true)]
+async fn max_values_per_key_makes_key_due() {
+    let (tx, mut rx) = Builder::new(WINDOW).max_values_per_key(3).build();
+    let start = Instant::now();
+    tx.send("a", 1).await.unwrap();
+    tx.send("a", 2).await.unwrap();
+    tx.send("b", 9).await.unwrap();
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    assert_eq!(rx.next_deadline(), Some(start + WINDOW));
+
+    advance(secs(1)).await;
+    tx.send("a", 3).await.unwrap();
+    assert_eq!(rx.next_deadline(), Some(start + secs(1)));
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1, 2, 3])]));
+
+    tx.send("a", 4).await.unwrap();
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    assert_eq!(rx.len(), 2);
+}
+
+/// Rule 2: a key that fills up while a receiver waits wakes it, since the earliest deadline
+/// moved earlier.
+#[tokio::test(start_paused = true)]
+async fn full_key_wakes_receiver() {
+    let (tx, mut rx) = Builder::new(WINDOW).max_values_per_key(2).build();
+    tx.send("a", 1).await.unwrap();
+    let mut recv = task::spawn(rx.recv());
+    assert_pending!(recv.poll());
+    tx.send("a", 2).await.unwrap();
+    assert!(recv.is_woken());
+    assert_eq!(assert_ready!(recv.poll()), Some(vec![("a", vec![1, 2])]));
+}
+
+/// Rule 10: a zero window is valid and makes every value due as soon as it is sent.
+#[tokio::test(start_paused = true)]
+async fn zero_window_is_due_at_once() {
+    let (tx, mut rx) = timed::channel(Duration::ZERO);
+    let start = Instant::now();
+    tx.try_send("a", 1).unwrap();
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1])]));
+    tx.send("b", 2).await.unwrap();
+    tx.send("b", 3).await.unwrap();
+    assert_eq!(rx.recv().await, Some(vec![("b", vec![2, 3])]));
+    assert_eq!(Instant::now(), start);
+}
+
+// ===== batch order =====
+
+/// Rule 4: a batch holds due keys in deadline order, not in the order they arrived.
+#[tokio::test(start_paused = true)]
+async fn rank_order_across_keys() {
+    let (tx, mut rx) = timed::channel(WINDOW);
+    let start = Instant::now();
+    tx.send("a", 1).await.unwrap(); // start + 10 s
+    advance(secs(1)).await;
+    tx.send("b", 2).await.unwrap(); // start + 11 s
+    tx.send_by("c", 3, start + secs(5)).await.unwrap();
+    tx.send_by("d", 4, start + secs(20)).await.unwrap();
+
+    advance(secs(10)).await;
+    let batch = rx.try_recv();
+    assert_eq!(
+        batch,
+        Ok(vec![("c", vec![3]), ("a", vec![1]), ("b", vec![2])])
+    );
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    assert_eq!(rx.next_deadline(), Some(start + secs(20)));
+}
+
+/// Rule 4: equal deadlines go to the key whose pending run started first, even when that
+/// key's deadline was lowered to the tie later.
+#[tokio::test(start_paused = true)]
+async fn ties_go_to_earlier_run() {
+    let (tx, mut rx) = timed::channel(WINDOW);
+    let start = Instant::now();
+    let due = start + secs(1);
+    tx.send_by("z", 1, start + secs(2)).await.unwrap();
+    tx.send_by("y", 2, due).await.unwrap();
+    tx.send_by("x", 3, due).await.unwrap();
+    tx.send_by("z", 4, due).await.unwrap(); // z now ties, and its run is the oldest
+
+    advance(secs(1)).await;
+    let batch = rx.try_recv();
+    assert_eq!(
+        batch,
+        Ok(vec![("z", vec![1, 4]), ("y", vec![2]), ("x", vec![3])])
+    );
+}
+
+/// Rule 4: a key that empties and refills is a new arrival: it loses ties to keys that were
+/// pending before it came back.
+#[tokio::test(start_paused = true)]
+async fn refilled_key_is_new_arrival() {
+    let (tx, mut rx) = timed::channel(WINDOW);
+    let start = Instant::now();
+    tx.send_by("a", 1, start + secs(1)).await.unwrap();
+    tx.send_by("b", 2, start + secs(2)).await.unwrap();
+    advance(secs(1)).await;
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1])]));
+
+    tx.send_by("a", 3, start + secs(2)).await.unwrap();
+    advance(secs(1)).await;
+    assert_eq!(rx.try_recv(), Ok(vec![("b", vec![2]), ("a", vec![3])]));
+}
+
+/// Rule 4: `max_batch` is a hard cap; a split key's remainder keeps its place and leads the
+/// next batch (splitting is not a new arrival).
+#[tokio::test(start_paused = true)]
+async fn split_remainder_leads_next_batch() {
+    let (tx, mut rx) = Builder::new(Duration::ZERO).max_batch(2).build();
+    for v in 1..=3 {
+        tx.send("a", v).await.unwrap();
+    }
+    tx.send("b", 10).await.unwrap();
+
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1, 2])]));
+    tx.send("c", 20).await.unwrap();
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![3]), ("b", vec![10])]));
+    assert_eq!(rx.try_recv(), Ok(vec![("c", vec![20])]));
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+}
+
+/// Rule 4: a split key's remainder yields the front to a key of smaller rank that became due
+/// meanwhile.
+#[tokio::test(start_paused = true)]
+async fn smaller_rank_overtakes_split_remainder() {
+    let (tx, mut rx) = Builder::new(WINDOW).max_batch(2).build();
+    let start = Instant::now();
+    for v in 1..=3 {
+        tx.send("a", v).await.unwrap(); // start + 10 s
+    }
+    advance(WINDOW).await;
+    assert_eq!(rx.recv().await, Some(vec![("a", vec![1, 2])]));
+
+    tx.send_by("c", 9, start + secs(5)).await.unwrap();
+    assert_eq!(rx.try_recv(), Ok(vec![("c", vec![9]), ("a", vec![3])]));
+}
+
+/// Rule 4: a batch never holds more than `max_batch` values, and is never empty.
+#[tokio::test(start_paused = true)]
+async fn batches_are_capped_and_never_empty() {
+    let (tx, mut rx) = Builder::new(WINDOW).max_batch(2).build();
+    for v in 0..5 {
+        tx.send("a", v).await.unwrap();
+    }
+    tx.send("b", 5).await.unwrap();
+    tx.send("c", 6).await.unwrap();
+
+    // Pending but not due: no batch at all, not an empty one.
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    let mut recv = task::spawn(rx.recv());
+    assert_pending!(recv.poll());
+    drop(recv);
+
+    advance(WINDOW).await;
+    let mut seen = Vec::new();
+    let mut sizes = Vec::new();
+    while let Ok(batch) = rx.try_recv() {
+        let size: usize = batch.iter().map(|(_, values)| values.len()).sum();
+        assert!(batch.iter().all(|(_, values)| !values.is_empty()));
+        sizes.push(size);
+        seen.extend(batch.into_iter().flat_map(|(_, values)| values));
+    }
+    assert_eq!(sizes, vec![2, 2, 2, 1]);
+    assert_eq!(seen, (0..7).collect::<Vec<_>>());
+}
+
+/// Rule 4: every value is delivered exactly once, across cloned receivers on a
+/// multi-threaded runtime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_across_receivers() {
+    const N: u32 = 2_000;
+    let (tx, rx) = Builder::new(Duration::ZERO).max_batch(7).build();
+    let consumers: Vec<_> = (0..3)
+        .map(|_| {
+            let mut rx = rx.clone();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                while let Some(batch) = rx.recv().await {
+                    for (key, values) in batch {
+                        got.extend(values.into_iter().map(|v| (key, v)));
+                    }
+                }
+                got
+            })
+        })
+        .collect();
+    drop(rx);
+    let producers: Vec<_> = (0..2u32)
+        .map(|p| {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                for i in 0..N / 2 {
+                    let v = p * N + i;
+                    tx.send(v % 13, v).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    drop(tx);
+    for producer in producers {
+        producer.await.unwrap();
+    }
+
+    let mut all = Vec::new();
+    for consumer in consumers {
+        all.extend(consumer.await.unwrap());
+    }
+    assert_eq!(all.len(), N as usize);
+    let unique: HashSet<_> = all.iter().map(|&(_, v)| v).collect();
+    assert_eq!(unique.len(), N as usize);
+    assert!(all.iter().all(|&(key, v)| key == v % 13));
+}
+
+// ===== requeue =====
+
+/// Rule 8: requeued values go in front of the key's newer values, and the key is due at once.
+#[tokio::test(start_paused = true)]
+async fn requeue_goes_in_front_and_is_due() {
+    let (tx, mut rx) = timed::channel(WINDOW);
+    tx.send("a", 1).await.unwrap();
+    advance(WINDOW).await;
+    let (key, values) = rx.recv().await.unwrap().remove(0);
+
+    tx.send("a", 2).await.unwrap(); // due in 10 s
+    tx.send("c", 30).await.unwrap();
+    rx.requeue(key, values).unwrap();
+    assert_eq!(rx.next_deadline(), Some(Instant::now()));
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1, 2])]));
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    assert_eq!(rx.len(), 1);
+}
+
+/// Rule 8: requeue lowers a key's deadline to now but never raises it; a key already overdue
+/// keeps its earlier deadline and place.
+#[tokio::test(start_paused = true)]
+async fn requeue_keeps_earlier_deadline() {
+    let (tx, mut rx) = timed::channel(WINDOW);
+    let start = Instant::now();
+    tx.send("a", 1).await.unwrap(); // start + 10 s
+    tx.send_by("b", 2, start + secs(12)).await.unwrap();
+    advance(secs(15)).await;
+    rx.requeue("b", vec![0]).unwrap(); // b: min(start + 12 s, now)
+    assert_eq!(rx.next_deadline(), Some(start + WINDOW));
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1]), ("b", vec![0, 2])]));
+}
+
+/// Rule 5: a requeue that moves the earliest deadline earlier wakes a waiting receiver.
+#[tokio::test(start_paused = true)]
+async fn requeue_wakes_receiver() {
+    let (tx, mut rx) = timed::channel(WINDOW);
+    let handle = rx.clone();
+    tx.send("b", 2).await.unwrap();
+    let mut recv = task::spawn(rx.recv());
+    assert_pending!(recv.poll());
+    handle.requeue("a", vec![1]).unwrap();
+    assert!(recv.is_woken());
+    assert_eq!(assert_ready!(recv.poll()), Some(vec![("a", vec![1])]));
+}
+
+// ===== wakeups =====
+
+/// Rule 5: a waiting receiver is woken when the first value arrives (none to some), and not
+/// by sends that leave the earliest deadline where it is, nor by time passing before it.
+#[tokio::test(start_paused = true)]
+async fn no_polling() {
+    let (tx, mut rx) = timed::channel(WINDOW);
+    let mut recv = task::spawn(rx.recv());
+    assert_pending!(recv.poll());
+    advance(secs(60)).await;
+    assert!(!recv.is_woken());
+
+    tx.send("a", 1).await.unwrap();
+    assert!(recv.is_woken());
+    assert_pending!(recv.poll());
+
+    tx.send("a", 2).await.unwrap(); // same key
+    tx.send("b", 3).await.unwrap(); // same deadline, later run
+    advance(secs(1)).await;
+    tx.send("c", 4).await.unwrap(); // later deadline
+    tx.try_send_by("d", 5, Instant::now() + secs(30)).unwrap();
+    assert!(!recv.is_woken());
+
+    advance(WINDOW - secs(1) - ms(1)).await;
+    assert!(!recv.is_woken());
+    advance(ms(1)).await;
+    assert!(recv.is_woken());
+    let batch = assert_ready!(recv.poll());
+    assert_eq!(batch, Some(vec![("a", vec![1, 2]), ("b", vec![3])]));
+}
+
+/// Rule 5: a receiver sleeping until deadline D is woken by a `send_by` for an earlier D', and
+/// then wakes exactly at D' (its timer moved), and the rest still comes at D.
+#[tokio::test(start_paused = true)]
+async fn earlier_deadline_wakes_receiver() {
+    let (tx, mut rx) = timed::channel(WINDOW);
+    let start = Instant::now();
+    tx.send("a", 1).await.unwrap();
+
+    let mut recv = task::spawn(rx.recv());
+    assert_pending!(recv.poll());
+    tx.send_by("b", 2, start + secs(3)).await.unwrap();
+    assert!(recv.is_woken());
+    assert_pending!(recv.poll());
+
+    advance(secs(3) - ms(1)).await;
+    assert!(!recv.is_woken());
+    advance(ms(1)).await;
+    assert!(recv.is_woken());
+    assert_eq!(assert_ready!(recv.poll()), Some(vec![("b", vec![2])]));
+    drop(recv);
+
+    assert_eq!(rx.next_deadline(), Some(start + WINDOW));
+    assert_eq!(rx.recv().await, Some(vec![("a", vec![1])]));
+    assert_eq!(Instant::now(), start + WINDOW);
+}
+
+/// Rule 5: a receiver whose timer was set for a deadline that went away (the key became due
+/// early and was taken) is not woken when that old deadline passes with nothing pending.
+#[tokio::test(start_paused = true)]
+async fn stale_deadline_does_not_wake() {
+    let (tx, mut rx) = Builder::new(WINDOW).max_values_per_key(2).build();
+    tx.send("a", 1).await.unwrap();
+    let mut consumer = task::spawn(async move {
+        let mut batches = Vec::new();
+        while let Some(batch) = rx.recv().await {
+            batches.push(batch);
+        }
+        batches
+    });
+    assert_pending!(consumer.poll()); // sleeps until the window ends
+    tx.send("a", 2).await.unwrap(); // the key is full: due now
+    assert!(consumer.is_woken());
+    assert_pending!(consumer.poll()); // took the batch; waits on an empty channel
+
+    advance(WINDOW).await;
+    assert!(!consumer.is_woken());
+    drop(tx);
+    assert!(consumer.is_woken());
+    assert_eq!(
+        assert_ready!(consumer.poll()),
+        vec![vec![("a", vec![1, 2])]]
+    );
+}
+
+// ===== cloned receivers =====
+
+/// Rules 5 and 9: with two waiting receivers, a send wakes only the first; the one that takes
+/// a batch and leaves due work behind wakes the other, and each batch goes to one of them.
+#[tokio::test(start_paused = true)]
+async fn receivers_share_work() {
+    let (tx, mut rx1) = Builder::new(Duration::ZERO).max_batch(1).build();
+    let mut rx2 = rx1.clone();
+    let mut r1 = task::spawn(rx1.recv());
+    let mut r2 = task::spawn(rx2.recv());
+    assert_pending!(r1.poll());
+    assert_pending!(r2.poll());
+
+    tx.send("a", 1).await.unwrap();
+    tx.send("b", 2).await.unwrap();
+    assert!(r1.is_woken());
+    assert!(!r2.is_woken());
+
+    assert_eq!(assert_ready!(r1.poll()), Some(vec![("a", vec![1])]));
+    assert!(r2.is_woken());
+    assert_eq!(assert_ready!(r2.poll()), Some(vec![("b", vec![2])]));
+    drop((r1, r2));
+
+    assert_eq!(rx1.try_recv(), Err(TryRecvError::Empty));
+    assert_eq!(rx2.try_recv(), Err(TryRecvError::Empty));
+}
+
+/// Rule 5: a receiver that held the timer and leaves not-yet-due work behind hands the timer
+/// to the next waiting receiver, which then wakes at the next deadline.
+#[tokio::test(start_paused = true)]
+async fn timer_passes_to_next_receiver() {
+    let (tx, mut rx1) = timed::channel(WINDOW);
+    let mut rx2 = rx1.clone();
+    let start = Instant::now();
+    tx.send_by("a", 1, start + secs(1)).await.unwrap();
+    tx.send_by("b", 2, start + secs(2)).await.unwrap();
+
+    let mut r1 = task::spawn(rx1.recv());
+    let mut r2 = task::spawn(rx2.recv());
+    assert_pending!(r1.poll());
+    assert_pending!(r2.poll());
+
+    advance(secs(1)).await;
+    assert!(r1.is_woken());
+    assert!(!r2.is_woken());
+    assert_eq!(assert_ready!(r1.poll()), Some(vec![("a", vec![1])]));
+    assert!(r2.is_woken());
+    assert_pending!(r2.poll());
+
+    advance(secs(1) - ms(1)).await;
+    assert!(!r2.is_woken());
+    advance(ms(1)).await;
+    assert!(r2.is_woken());
+    assert_eq!(assert_ready!(r2.poll()), Some(vec![("b", vec![2])]));
+}
+
+/// `recv` is cancel safe: dropping a waiting `recv` loses nothing, and another waiting
+/// receiver takes over the timer and gets the batch exactly at the deadline.
+#[tokio::test(start_paused = true)]
+async fn recv_cancel_safety() {
+    let (tx, mut rx1) = timed::channel(WINDOW);
+    let mut rx2 = rx1.clone();
+    let start = Instant::now();
+    tx.send("a", 1).await.unwrap();
+
+    let mut r1 = task::spawn(rx1.recv());
+    let mut r2 = task::spawn(rx2.recv());
+    assert_pending!(r1.poll());
+    assert_pending!(r2.poll());
+    advance(secs(4)).await;
+    drop(r1);
+    assert_eq!(rx1.len(), 1);
+    assert!(r2.is_woken());
+    assert_pending!(r2.poll());
+
+    advance(secs(6) - ms(1)).await;
+    assert!(!r2.is_woken());
+    advance(ms(1)).await;
+    assert!(r2.is_woken());
+    assert_eq!(assert_ready!(r2.poll()), Some(vec![("a", vec![1])]));
+    assert_eq!(Instant::now(), start + WINDOW);
+}
+
+/// `recv` is cancel safe: a `recv` dropped after its deadline fired, before it was polled,
+/// takes nothing out.
+#[tokio::test(start_paused = true)]
+async fn recv_dropped_after_wake_loses_nothing() {
+    let (tx, mut rx) = timed::channel(WINDOW);
+    tx.send("a", 1).await.unwrap();
+    let mut recv = task::spawn(rx.recv());
+    assert_pending!(recv.poll());
+    advance(WINDOW).await;
+    assert!(recv.is_woken());
+    drop(recv);
+    assert_eq!(rx.len(), 1);
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1])]));
+}
+
+// ===== stream, counters, errors =====
+
+/// The receiver is a `Stream` of batches that composes with `StreamExt`, each batch arriving
+/// at its deadline, and the stream ends when the channel closes.
+#[tokio::test(start_paused = true)]
+async fn stream_composition() {
+    let (tx, mut rx) = timed::channel(WINDOW);
+    let start = Instant::now();
+    tokio::spawn(async move {
+        tx.send("a", 1).await.unwrap();
+        tokio::time::sleep(secs(1)).await;
+        tx.send("b", 2).await.unwrap();
+        tx.send("a", 3).await.unwrap();
+        tokio::time::sleep(secs(30)).await;
+    });
+
+    let timed: Vec<_> = rx
+        .by_ref()
+        .map(|batch| (start.elapsed(), batch))
+        .take(2)
+        .collect()
+        .await;
+    assert_eq!(
+        timed,
+        vec![
+            (secs(10), vec![("a", vec![1, 3])]),
+            (secs(11), vec![("b", vec![2])]),
+        ]
+    );
+    assert_eq!(rx.next().await, None);
+    assert_eq!(start.elapsed(), secs(31));
+}
+
+/// `try_recv` says `Empty` while nothing is due (even with values pending) and
+/// `Disconnected` once closed and drained.
+#[tokio::test(start_paused = true)]
+async fn try_recv_empty_and_disconnected() {
+    let (tx, mut rx) = timed::channel(WINDOW);
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    tx.try_send("a", 1).unwrap();
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    advance(WINDOW).await;
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1])]));
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    drop(tx);
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Disconnected));
+}
+
+/// `next_deadline` is the earliest deadline among pending keys, and `None` when empty.
+#[tokio::test(start_paused = true)]
+async fn next_deadline() {
+    let (tx, mut rx) = timed::channel(WINDOW);
+    let start = Instant::now();
+    assert_eq!(rx.next_deadline(), None);
+    tx.send("a", 1).await.unwrap();
+    assert_eq!(rx.next_deadline(), Some(start + WINDOW));
+    advance(secs(2)).await;
+    tx.send("b", 2).await.unwrap();
+    assert_eq!(rx.next_deadline(), Some(start + WINDOW));
+    tx.send_by("c", 3, start + secs(4)).await.unwrap();
+    assert_eq!(rx.next_deadline(), Some(start + secs(4)));
+
+    advance(secs(2)).await;
+    assert_eq!(rx.try_recv(), Ok(vec![("c", vec![3])]));
+    assert_eq!(rx.next_deadline(), Some(start + WINDOW));
+    advance(secs(10)).await;
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1]), ("b", vec![2])]));
+    assert_eq!(rx.next_deadline(), None);
+}
+
+/// `len` counts pending values, `key_count` pending keys; `Sender::len` is the same count as
+/// `Receiver::len`.
+#[tokio::test(start_paused = true)]
+async fn counters() {
+    let (tx, mut rx) = Builder::new(WINDOW).max_batch(2).build();
+    assert!(rx.is_empty());
+    assert!(tx.is_empty());
+    assert_eq!((rx.len(), rx.key_count(), tx.len()), (0, 0, 0));
+
+    for v in 0..3 {
+        tx.send("a", v).await.unwrap();
+    }
+    tx.send("b", 3).await.unwrap();
+    assert_eq!((rx.len(), rx.key_count(), tx.len()), (4, 2, 4));
+    assert!(!rx.is_empty());
+    assert!(!tx.is_empty());
+
+    advance(WINDOW).await;
+    rx.try_recv().unwrap(); // a: 0, 1
+    assert_eq!((rx.len(), rx.key_count(), tx.len()), (2, 2, 2));
+    rx.requeue("c", vec![7, 8]).unwrap();
+    assert_eq!((rx.len(), rx.key_count(), tx.len()), (4, 3, 4));
+    while rx.try_recv().is_ok() {}
+    assert!(rx.is_empty());
+    assert!(tx.is_empty());
+    assert_eq!(rx.key_count(), 0);
+}
+
+// ===== builder =====
+
+/// Rule 10: `max_batch(0)` panics with a clear message.
+#[test]
+#[should_panic(expected = "max_batch must be at least 1")]
+fn zero_max_batch_panics() {
+    let _ = Builder::new(WINDOW).max_batch(0);
+}
+
+/// Rule 10: `max_values_per_key(0)` panics with a clear message.
+#[test]
+#[should_panic(expected = "max_values_per_key must be at least 1")]
+fn zero_max_values_per_key_panics() {
+    let _ = Builder::new(WINDOW).max_values_per_key(0);
+}
+
+/// Rule 10: `capacity(0)` panics with a clear message.
+#[test]
+#[should_panic(expected = "capacity must be at least 1")]
+fn zero_capacity_panics() {
+    let _ = Builder::new(WINDOW).capacity(0);
+}

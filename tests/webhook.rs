@@ -1,0 +1,152 @@
+//! End to end: the `webhook` example, run short (2 s at 2,000 events/s, 100 customers, a
+//! 500 ms window, 10% of requests failing).
+//!
+//! The example's source is compiled into this test with `#[path]`, and the tests call its
+//! `run` function with parsed command-line options. That runs exactly the code that
+//! `cargo run --example webhook` runs, without a second cargo invocation inside the test, and
+//! the assertions read the same `Report` that the table and `--json` are made from.
+//!
+//! Unlike the rest of the suite, these tests use real time and real sockets: the point is a
+//! real HTTP exchange, and paused time does not drive socket I/O. Each test runs one mode for
+//! 2 s, so the file takes about 3 s.
+
+#[path = "../examples/webhook.rs"]
+#[allow(dead_code)] // the example's `main`, table and JSON output are not used here
+mod webhook;
+
+use webhook::{Options, Report};
+
+const CUSTOMERS: u64 = 100;
+const WINDOW_MS: f64 = 500.0;
+const BACKOFF_MS: f64 = 50.0;
+
+/// Time a delivery may take beyond the window and the retry delays: waking the consumer,
+/// the POST over loopback, and for a retry the `requeue` and another `recv`, in a debug build
+/// on a busy machine. It is kept below the window, so a key that waited a second window (a
+/// requeue that is not due at once, say) still fails the test.
+const SLACK_MS: f64 = 200.0;
+
+fn run_args(mode: &str) -> Options {
+    let args = [
+        "--mode",
+        mode,
+        "--seconds",
+        "2",
+        "--rate",
+        "2000",
+        "--customers",
+        "100",
+        "--window",
+        "500ms",
+        "--fail-rate",
+        "0.1",
+        "--backoff",
+        "50ms",
+    ];
+    Options::parse(args.map(String::from))
+        .expect("valid options")
+        .expect("not --help")
+}
+
+async fn run(mode: &str) -> Report {
+    let mut reports = webhook::run(&run_args(mode)).await;
+    assert_eq!(reports.len(), 1, "one mode, one report");
+    let report = reports.remove(0);
+    assert_eq!(report.mode, mode);
+    // 2,000 events/s for 2 s: the producers make a fixed number of events.
+    assert_eq!(report.events_produced, 4_000, "{report:#?}");
+    // The failure path ran: 10% of some hundreds of requests failed.
+    assert!(report.failed_requests > 0, "{report:#?}");
+    report
+}
+
+/// The total of the retry delays an event waits after `failures` failed POSTs: 50 ms,
+/// doubling after each further failure, each delay capped at 2 s.
+fn backoff_ms(failures: u32) -> f64 {
+    (0..failures)
+        .map(|i| (BACKOFF_MS * 2f64.powi(i as i32)).min(2_000.0))
+        .sum()
+}
+
+/// Batched mode delivers every event exactly once despite the failures, no event waits
+/// much longer than the window plus its retry delays, and a customer gets at most one request
+/// per window plus one per failed request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched() {
+    let report = run("batched").await;
+
+    assert_eq!(
+        report.events_received, report.events_produced,
+        "{report:#?}"
+    );
+    assert_eq!(report.duplicate_events, 0, "{report:#?}");
+
+    let bound = WINDOW_MS + backoff_ms(report.max_event_failures) + SLACK_MS;
+    assert!(
+        report.delay_max_ms <= bound,
+        "max delay {} ms over {bound} ms: {report:#?}",
+        report.delay_max_ms
+    );
+
+    // Each request carries one run of a customer's events. A run that neither a failure
+    // nor the final close cut short lasts at least the window, and runs start only while the
+    // producers run, so a customer has at most floor(S / window) + 1 of them (the + 1: runs
+    // are not aligned with the start, and the close cuts the last one short). A failed
+    // request's events come back through `requeue`, which may make one more, short run.
+    let runs = (report.produce_seconds * 1000.0 / WINDOW_MS).floor() as u64 + 1;
+    let most = CUSTOMERS * runs + report.failed_requests;
+    assert!(
+        report.http_requests <= most,
+        "{} requests, at most {most} expected: {report:#?}",
+        report.http_requests
+    );
+}
+
+/// Direct mode makes one request per event, plus one per failed request (its retry), and
+/// delivers every event exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct() {
+    let report = run("direct").await;
+
+    assert_eq!(
+        report.events_received, report.events_produced,
+        "{report:#?}"
+    );
+    assert_eq!(report.duplicate_events, 0, "{report:#?}");
+    assert_eq!(
+        report.http_requests,
+        report.events_produced + report.failed_requests,
+        "{report:#?}"
+    );
+}
+
+/// The command line takes both `--name value` and `--name=value`, and refuses what it
+/// cannot run.
+#[test]
+fn options() {
+    let parse = |args: &[&str]| Options::parse(args.iter().map(|arg| arg.to_string()));
+
+    let options = parse(&["--window=250ms", "--seconds", "1.5", "--max-batch", "7"])
+        .unwrap()
+        .unwrap();
+    assert_eq!(options.window, std::time::Duration::from_millis(250));
+    assert_eq!(options.seconds, std::time::Duration::from_millis(1500));
+    assert_eq!(options.max_batch, Some(7));
+    assert_eq!(options.capacity, None);
+
+    assert!(parse(&["--help"]).unwrap().is_none());
+    assert!(
+        parse(&["--window", "2"]).is_err(),
+        "a duration needs a unit"
+    );
+    assert!(
+        parse(&["--fail-rate", "1"]).is_err(),
+        "every retry would fail"
+    );
+    assert!(
+        parse(&["--capacity", "0"]).is_err(),
+        "the builder would panic"
+    );
+    assert!(parse(&["--mode", "sideways"]).is_err());
+    assert!(parse(&["--rate"]).is_err(), "a missing value");
+}
