@@ -157,9 +157,9 @@ struct Chan<F: Flavor, K, V> {
 
 struct State<R, K, V> {
     queue: SortedQueue<R, K, V>,
-    /// No more sends: every sender is gone, a receiver called `close`, or every receiver is
-    /// gone. Pending keys are then all due.
-    closed: bool,
+    /// When sends stopped: every sender went, a receiver called `close`, or every receiver
+    /// went. Pending keys are then all due.
+    closed_at: Option<Instant>,
     /// A receiver has seen the end of the stream; a later `requeue` is refused.
     terminated: bool,
     senders: usize,
@@ -281,10 +281,10 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
 
     /// Closes the channel and returns the wakers of every waiting task.
     fn close(&self, state: &mut State<F::Rank, K, V>) -> Vec<Waker> {
-        if state.closed {
+        if state.closed_at.is_some() {
             return Vec::new();
         }
-        state.closed = true;
+        state.closed_at = Some(Instant::now());
         self.closed.notify_waiters();
         // Waiting receivers now have the whole queue due; waiting senders now fail.
         let receivers = state.recv_waiters.iter().map(|(_, w)| w.clone());
@@ -305,7 +305,7 @@ where
         item: &mut Option<Item<F, K, V>>,
         place: &mut Option<Place>,
     ) -> Result<Wakes, Blocked> {
-        if state.closed {
+        if state.closed_at.is_some() {
             return Err(Blocked::Closed);
         }
         let config = &self.config;
@@ -439,24 +439,23 @@ where
     /// Takes the next batch under the lock, counting why each key came due. `flush` counts
     /// keys that were not due as flushed (`drain_now`); otherwise they are not taken.
     fn pop(&self, state: &mut State<F::Rank, K, V>, now: Instant, flush: bool) -> Batch<K, V> {
-        let closed = state.closed;
+        let closed_at = state.closed_at;
         let by = &mut state.counts.by;
         let batch = state.queue.pop_batch_weighted(
             self.config.max_batch,
             self.config.max_batch_weight,
             |rank| {
-                let counter = if F::is_due(rank, now) {
-                    match F::why(rank) {
+                // Count the first reason the key came due: a key that was due before the
+                // close counts by its own reason, even when taken after it.
+                let counter = match closed_at {
+                    Some(at) if !F::is_due(rank, at) => &mut by.close,
+                    _ if F::is_due(rank, now) || closed_at.is_some() => match F::why(rank) {
                         Why::Due => &mut by.due,
                         Why::FullKey => &mut by.full_key,
                         Why::Flush => &mut by.flush,
-                    }
-                } else if flush {
-                    &mut by.flush
-                } else if closed {
-                    &mut by.close
-                } else {
-                    return false;
+                    },
+                    _ if flush => &mut by.flush,
+                    _ => return false,
                 };
                 *counter += 1;
                 true
@@ -508,7 +507,7 @@ where
     let chan = Arc::new(Chan {
         state: Mutex::new(State {
             queue: SortedQueue::new(),
-            closed: false,
+            closed_at: None,
             terminated: false,
             senders: 1,
             receivers: 1,
@@ -665,7 +664,7 @@ where
         loop {
             // Register first, then look: a close in between still wakes us.
             notified.as_mut().enable();
-            if self.chan.lock().closed {
+            if self.chan.lock().closed_at.is_some() {
                 return;
             }
             notified.as_mut().await;
@@ -682,7 +681,7 @@ where
     }
 
     pub(crate) fn is_closed(&self) -> bool {
-        self.chan.lock().closed
+        self.chan.lock().closed_at.is_some()
     }
 }
 
@@ -759,7 +758,7 @@ where
                 wake(wakes);
                 return Poll::Ready(Some(batch));
             }
-            if state.closed {
+            if state.closed_at.is_some() {
                 // Closed and nothing came out: the queue is empty, and it stays so.
                 self.waiter.leave(&mut state);
                 state.terminated = true;
@@ -810,7 +809,7 @@ where
     /// slot, and another waiting receiver if due work is left behind, or if this receiver
     /// held the timer and leaves any work.
     fn after_batch(&self, state: &State<F::Rank, K, V>, now: Instant, was_first: bool) -> Wakes {
-        let closed = state.closed;
+        let closed = state.closed_at.is_some();
         let due_left = state.queue.front_is(|rank| closed || F::is_due(rank, now));
         let receiver = if due_left || (was_first && !state.queue.is_empty()) {
             state.recv_waiters.first().map(|(_, w)| w.clone())
@@ -841,7 +840,7 @@ where
         let now = Instant::now();
         let batch = self.chan.pop(&mut state, now, false);
         if batch.is_empty() {
-            if state.closed {
+            if state.closed_at.is_some() {
                 state.terminated = true;
                 return Err(TryRecvError::Disconnected);
             }
@@ -923,7 +922,7 @@ where
     }
 
     pub(crate) fn is_closed(&self) -> bool {
-        self.chan.lock().closed
+        self.chan.lock().closed_at.is_some()
     }
 }
 

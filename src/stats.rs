@@ -59,7 +59,8 @@ pub struct Stats {
     pub receivers: usize,
 }
 
-/// Delivered key-batches (the `(key, values)` entries of batches) by why the key came due.
+/// Delivered key-batches (the `(key, values)` entries of batches) by why the key came due:
+/// the first reason counts.
 ///
 /// # Examples
 ///
@@ -73,12 +74,13 @@ pub struct Stats {
 #[non_exhaustive]
 pub struct Deliveries {
     /// `timed`: the key's deadline passed (a requeued key is due at once, so it counts here).
-    /// `ordered`: every delivery before close, since every key is due at once.
+    /// `ordered`: every delivery, since a key is due as soon as it is pending.
     pub due: u64,
     /// The key reached `max_values_per_key` or `max_key_weight` before its deadline.
     pub full_key: u64,
     /// `flush`, `flush_all` or `drain_now` made the key due before its deadline.
     pub flush: u64,
-    /// The channel closed before the key's deadline.
+    /// The channel closed before the key's deadline: `timed` keys only, whenever they are
+    /// taken. A key that was already due when the channel closed counts by its own reason.
     pub close: u64,
 }

@@ -1,0 +1,762 @@
+//! Weight and key limits: `max_batch_weight` (cap and split), `max_key_weight` (due at
+//! once), `max_weight` (memory budget) and `max_keys` (live keys), in both flavours.
+//!
+//! Values here are `usize`s that weigh what they are, so `4` weighs 4.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sorted_channel::error::{SendError, TryRecvError, TrySendError};
+use sorted_channel::{ordered, timed};
+use tokio::time::{advance, Instant};
+use tokio_test::task;
+use tokio_test::{assert_pending, assert_ready, assert_ready_eq, assert_ready_ok};
+
+const WINDOW: Duration = Duration::from_secs(10);
+
+/// The weigher used throughout: a value weighs itself.
+fn weight(v: &usize) -> usize {
+    *v
+}
+
+/// The weigher runs once per value, when it is sent, however often a waiting `send` is
+/// polled; a requeue weighs the values it hands back again.
+#[tokio::test(start_paused = true)]
+async fn weigher_runs_once_per_value() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO)
+        .weigher(move |v: &usize| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            *v
+        })
+        .max_weight(10)
+        .build();
+    tx.send("a", 6).await.unwrap();
+    tx.send("a", 4).await.unwrap();
+    let mut send = task::spawn(tx.send("b", 3));
+    assert_pending!(send.poll());
+    assert_pending!(send.poll());
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    let (key, values) = rx.try_recv().unwrap().remove(0);
+    assert_ready_ok!(send.poll());
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    rx.requeue(key, values).unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
+    assert_eq!(rx.stats().pending_weight, 13);
+}
+
+// ===== max_batch_weight =====
+
+/// `max_batch_weight` is a hard cap: a key that does not fit is split, and its remainder
+/// leads the next batch, ahead of a key that arrived after it (`timed`).
+#[tokio::test(start_paused = true)]
+async fn batch_weight_splits_key_timed() {
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO)
+        .weigher(weight)
+        .max_batch_weight(10)
+        .build();
+    for v in [4, 4, 4] {
+        tx.try_send("k", v).unwrap();
+    }
+    tx.try_send("b", 1).unwrap();
+    assert_eq!(rx.try_recv(), Ok(vec![("k", vec![4, 4])]));
+    assert_eq!(rx.try_recv(), Ok(vec![("k", vec![4]), ("b", vec![1])]));
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+}
+
+/// `max_batch_weight` splits in `ordered` too: the remainder keeps its rank, so it leads
+/// the next batch unless a key of smaller rank came in meanwhile.
+#[test]
+fn batch_weight_splits_key_ordered() {
+    let (tx, mut rx) = ordered::Builder::new()
+        .weigher(weight)
+        .max_batch_weight(10)
+        .build();
+    for v in [4, 4, 4] {
+        tx.try_send(5, "k", v).unwrap();
+    }
+    tx.try_send(9, "late", 1).unwrap();
+    assert_eq!(rx.try_recv(), Ok(vec![("k", vec![4, 4])]));
+    assert_eq!(rx.try_recv(), Ok(vec![("k", vec![4]), ("late", vec![1])]));
+
+    for v in [6, 6] {
+        tx.try_send(5, "k", v).unwrap();
+    }
+    assert_eq!(rx.try_recv(), Ok(vec![("k", vec![6])]));
+    tx.try_send(1, "urgent", 2).unwrap();
+    assert_eq!(rx.try_recv(), Ok(vec![("urgent", vec![2]), ("k", vec![6])]));
+}
+
+/// A single value heavier than `max_batch_weight` goes out alone, in a batch of its own,
+/// rather than being stuck; the keys around it are not held up (`timed`).
+#[tokio::test(start_paused = true)]
+async fn heavy_value_goes_out_alone_timed() {
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO)
+        .weigher(weight)
+        .max_batch_weight(5)
+        .build();
+    tx.try_send("a", 2).unwrap();
+    tx.try_send("b", 9).unwrap();
+    tx.try_send("c", 1).unwrap();
+    tx.try_send("d", 8).unwrap();
+    tx.try_send("d", 1).unwrap();
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![2])]));
+    assert_eq!(rx.try_recv(), Ok(vec![("b", vec![9])]));
+    assert_eq!(rx.try_recv(), Ok(vec![("c", vec![1])]));
+    assert_eq!(rx.try_recv(), Ok(vec![("d", vec![8])]));
+    assert_eq!(rx.try_recv(), Ok(vec![("d", vec![1])]));
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+}
+
+/// A single value heavier than `max_batch_weight` goes out alone (`ordered`).
+#[test]
+fn heavy_value_goes_out_alone_ordered() {
+    let (tx, mut rx) = ordered::Builder::new()
+        .weigher(weight)
+        .max_batch_weight(5)
+        .build();
+    tx.try_send(1, "a", 2).unwrap();
+    tx.try_send(2, "b", 9).unwrap();
+    tx.try_send(2, "b", 1).unwrap();
+    tx.try_send(3, "c", 1).unwrap();
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![2])]));
+    assert_eq!(rx.try_recv(), Ok(vec![("b", vec![9])]));
+    assert_eq!(rx.try_recv(), Ok(vec![("b", vec![1]), ("c", vec![1])]));
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+}
+
+/// After close, everything pending is due at once, and batches still respect
+/// `max_batch_weight`, heavy values alone.
+#[tokio::test(start_paused = true)]
+async fn close_flush_respects_batch_weight() {
+    let (tx, mut rx) = timed::Builder::new(WINDOW)
+        .weigher(weight)
+        .max_batch_weight(6)
+        .build();
+    for (k, v) in [("a", 3), ("b", 2), ("a", 4), ("c", 7), ("d", 1)] {
+        tx.send(k, v).await.unwrap();
+    }
+    drop(tx);
+    assert_eq!(rx.recv().await, Some(vec![("a", vec![3])]));
+    assert_eq!(rx.recv().await, Some(vec![("a", vec![4]), ("b", vec![2])]));
+    assert_eq!(rx.recv().await, Some(vec![("c", vec![7])]));
+    assert_eq!(rx.recv().await, Some(vec![("d", vec![1])]));
+    assert_eq!(rx.recv().await, None);
+}
+
+/// Value count and weight caps both apply; whichever is reached first cuts the batch
+/// (`timed`).
+#[tokio::test(start_paused = true)]
+async fn count_and_weight_caps_whichever_first_timed() {
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO)
+        .weigher(weight)
+        .max_batch(3)
+        .max_batch_weight(10)
+        .build();
+    for v in [1, 1, 1, 1] {
+        tx.try_send("light", v).unwrap();
+    }
+    assert_eq!(rx.try_recv(), Ok(vec![("light", vec![1, 1, 1])])); // count first
+    assert_eq!(rx.try_recv(), Ok(vec![("light", vec![1])]));
+    for v in [6, 3, 2] {
+        tx.try_send("heavy", v).unwrap();
+    }
+    assert_eq!(rx.try_recv(), Ok(vec![("heavy", vec![6, 3])])); // weight first
+    assert_eq!(rx.try_recv(), Ok(vec![("heavy", vec![2])]));
+}
+
+/// Value count and weight caps both apply (`ordered`).
+#[test]
+fn count_and_weight_caps_whichever_first_ordered() {
+    let (tx, mut rx) = ordered::Builder::new()
+        .weigher(weight)
+        .max_batch(2)
+        .max_batch_weight(10)
+        .build();
+    tx.try_send(1, "a", 1).unwrap();
+    tx.try_send(2, "b", 1).unwrap();
+    tx.try_send(3, "c", 1).unwrap();
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1]), ("b", vec![1])]));
+    assert_eq!(rx.try_recv(), Ok(vec![("c", vec![1])]));
+    tx.try_send(1, "a", 7).unwrap();
+    tx.try_send(2, "b", 7).unwrap();
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![7])]));
+    assert_eq!(rx.try_recv(), Ok(vec![("b", vec![7])]));
+}
+
+/// Without a weigher every value weighs 1, so `max_batch_weight` caps values.
+#[tokio::test(start_paused = true)]
+async fn batch_weight_without_weigher_counts_values() {
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO)
+        .max_batch_weight(2)
+        .build();
+    for v in ['x', 'y', 'z'] {
+        tx.try_send("k", v).unwrap();
+    }
+    assert_eq!(rx.try_recv(), Ok(vec![("k", vec!['x', 'y'])]));
+    assert_eq!(rx.try_recv(), Ok(vec![("k", vec!['z'])]));
+    assert_eq!(rx.stats().pending_weight, 0);
+}
+
+/// `max_batch_weight(0)` panics with a clear message.
+#[test]
+#[should_panic(expected = "max_batch_weight must be at least 1")]
+fn batch_weight_zero_panics() {
+    let _ = timed::Builder::new(WINDOW).max_batch_weight(0);
+}
+
+// ===== max_key_weight =====
+
+/// `timed`: a key whose pending weight reaches `max_key_weight` is due at once, not at its
+/// deadline; a single value at or over it makes a new key due at once.
+#[tokio::test(start_paused = true)]
+async fn key_weight_makes_key_due() {
+    let (tx, mut rx) = timed::Builder::new(WINDOW)
+        .weigher(weight)
+        .max_key_weight(10)
+        .build();
+    tx.send("a", 4).await.unwrap();
+    tx.send("a", 5).await.unwrap();
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty)); // 9: not yet
+    tx.send("a", 1).await.unwrap(); // 10: at the limit
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![4, 5, 1])]));
+
+    tx.send("b", 12).await.unwrap();
+    assert_eq!(rx.try_recv(), Ok(vec![("b", vec![12])]));
+
+    tx.send("c", 3).await.unwrap();
+    advance(WINDOW - Duration::from_millis(1)).await;
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    advance(Duration::from_millis(1)).await;
+    assert_eq!(rx.try_recv(), Ok(vec![("c", vec![3])]));
+}
+
+/// `timed`: a key made full by weight wakes a receiver that waits for a later deadline.
+#[tokio::test(start_paused = true)]
+async fn key_weight_wakes_receiver() {
+    let (tx, mut rx) = timed::Builder::new(WINDOW)
+        .weigher(weight)
+        .max_key_weight(10)
+        .build();
+    tx.send("a", 1).await.unwrap();
+    tx.send("b", 6).await.unwrap();
+    let mut recv = task::spawn(rx.recv());
+    assert_pending!(recv.poll());
+    tx.send("b", 4).await.unwrap();
+    assert!(recv.is_woken());
+    assert_ready_eq!(recv.poll(), Some(vec![("b", vec![6, 4])]));
+}
+
+/// `timed`: `max_values_per_key` and `max_key_weight` both apply; whichever is reached
+/// first makes the key due.
+#[tokio::test(start_paused = true)]
+async fn key_count_and_weight_whichever_first() {
+    let (tx, mut rx) = timed::Builder::new(WINDOW)
+        .weigher(weight)
+        .max_values_per_key(3)
+        .max_key_weight(100)
+        .build();
+    for v in [1, 1] {
+        tx.send("k", v).await.unwrap();
+    }
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    tx.send("k", 1).await.unwrap(); // third value
+    assert_eq!(rx.try_recv(), Ok(vec![("k", vec![1, 1, 1])]));
+    tx.send("k", 60).await.unwrap();
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    tx.send("k", 40).await.unwrap(); // weight 100
+    assert_eq!(rx.try_recv(), Ok(vec![("k", vec![60, 40])]));
+}
+
+/// `max_key_weight(0)` panics with a clear message.
+#[test]
+#[should_panic(expected = "max_key_weight must be at least 1")]
+fn key_weight_zero_panics() {
+    let _ = timed::Builder::new(WINDOW).max_key_weight(0);
+}
+
+// ===== max_weight =====
+
+/// `max_weight`: a value goes in only if the pending weight stays at or under the budget
+/// with it; otherwise `try_send` says `Full` and hands the value back (`timed`).
+#[tokio::test(start_paused = true)]
+async fn max_weight_try_send_full_timed() {
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO)
+        .weigher(weight)
+        .max_weight(10)
+        .build();
+    tx.try_send("a", 6).unwrap();
+    assert_eq!(tx.try_send("b", 5), Err(TrySendError::Full(("b", 5))));
+    tx.try_send("b", 4).unwrap(); // exactly 10
+    assert_eq!(tx.try_send("a", 1), Err(TrySendError::Full(("a", 1))));
+    assert_eq!(rx.stats().pending_weight, 10);
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![6]), ("b", vec![4])]));
+    tx.try_send("a", 10).unwrap();
+}
+
+/// `max_weight` in `ordered`: `Full` when the value would take the weight over the budget.
+#[test]
+fn max_weight_try_send_full_ordered() {
+    let (tx, mut rx) = ordered::Builder::new()
+        .weigher(weight)
+        .max_weight(10)
+        .max_batch(1)
+        .build();
+    tx.try_send(1, "a", 6).unwrap();
+    tx.try_send(2, "b", 3).unwrap();
+    assert_eq!(tx.try_send(0, "c", 2), Err(TrySendError::Full((0, "c", 2))));
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![6])]));
+    tx.try_send(0, "c", 7).unwrap();
+    assert_eq!(rx.stats().pending_weight, 10);
+}
+
+/// `max_weight`: `send` waits while its value does not fit, is not woken before a batch
+/// is taken, and goes in once one is (`timed`).
+#[tokio::test(start_paused = true)]
+async fn max_weight_send_waits_timed() {
+    let (tx, mut rx) = timed::Builder::new(WINDOW)
+        .weigher(weight)
+        .max_weight(10)
+        .max_batch(1)
+        .build();
+    tx.send("a", 6).await.unwrap();
+    tx.send("a", 4).await.unwrap();
+    let mut send = task::spawn(tx.send("b", 3));
+    assert_pending!(send.poll());
+    advance(WINDOW - Duration::from_millis(1)).await;
+    assert!(!send.is_woken());
+
+    assert_eq!(rx.recv().await, Some(vec![("a", vec![6])]));
+    assert!(send.is_woken());
+    assert_ready_ok!(send.poll());
+    assert_eq!(rx.stats().pending_weight, 7);
+}
+
+/// `max_weight`: `send` waits and is woken when a batch is taken (`ordered`).
+#[tokio::test(start_paused = true)]
+async fn max_weight_send_waits_ordered() {
+    let (tx, mut rx) = ordered::Builder::new()
+        .weigher(weight)
+        .max_weight(10)
+        .build();
+    tx.send(1, "a", 8).await.unwrap();
+    let mut send = task::spawn(tx.send(0, "b", 3));
+    assert_pending!(send.poll());
+    assert!(!send.is_woken());
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![8])]));
+    assert!(send.is_woken());
+    assert_ready_ok!(send.poll());
+    assert_eq!(rx.try_recv(), Ok(vec![("b", vec![3])]));
+}
+
+/// `max_weight`: a waiting send whose value still does not fit after a batch stays
+/// pending, and is not woken again until another batch is taken: no busy loop.
+#[tokio::test(start_paused = true)]
+async fn max_weight_waiter_that_still_does_not_fit() {
+    let (tx, mut rx) = ordered::Builder::new()
+        .weigher(weight)
+        .max_weight(10)
+        .max_batch(1)
+        .build();
+    tx.try_send(1, "a", 5).unwrap();
+    tx.try_send(2, "b", 4).unwrap();
+    let mut send = task::spawn(tx.send(0, "c", 8));
+    assert_pending!(send.poll());
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![5])])); // 4 + 8 > 10
+    assert_pending!(send.poll());
+    assert!(!send.is_woken());
+    assert_eq!(rx.try_recv(), Ok(vec![("b", vec![4])]));
+    assert!(send.is_woken());
+    assert_ready_ok!(send.poll());
+}
+
+/// `max_weight`: a value heavier than the whole budget goes into an empty channel, with
+/// `try_send` or `send`; nothing else goes in beside it (`timed`).
+#[tokio::test(start_paused = true)]
+async fn heavy_value_enters_empty_channel_timed() {
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO)
+        .weigher(weight)
+        .max_weight(10)
+        .build();
+    tx.try_send("a", 50).unwrap();
+    assert_eq!(tx.try_send("b", 1), Err(TrySendError::Full(("b", 1))));
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![50])]));
+
+    tx.try_send("a", 1).unwrap();
+    let mut send = task::spawn(tx.send("b", 50));
+    assert_pending!(send.poll());
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1])]));
+    assert!(send.is_woken());
+    assert_ready_ok!(send.poll());
+    assert_eq!(rx.stats().pending_weight, 50);
+}
+
+/// `max_weight`: a value heavier than the whole budget goes into an empty channel
+/// (`ordered`).
+#[test]
+fn heavy_value_enters_empty_channel_ordered() {
+    let (tx, mut rx) = ordered::Builder::new()
+        .weigher(weight)
+        .max_weight(10)
+        .build();
+    tx.try_send(1, "a", 11).unwrap();
+    assert_eq!(tx.try_send(0, "b", 1), Err(TrySendError::Full((0, "b", 1))));
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![11])]));
+    tx.try_send(0, "b", 1).unwrap();
+}
+
+/// Without a weigher, `max_weight` counts values.
+#[test]
+fn max_weight_without_weigher_counts_values() {
+    let (tx, _rx) = ordered::Builder::new().max_weight(2).build();
+    tx.try_send(1, "a", "x").unwrap();
+    tx.try_send(1, "a", "y").unwrap();
+    assert_eq!(
+        tx.try_send(1, "a", "z"),
+        Err(TrySendError::Full((1, "a", "z")))
+    );
+}
+
+/// Requeued values keep their weights (the weigher is applied again): they count against
+/// `max_weight` and are split by `max_batch_weight` as when first sent (`timed`).
+#[tokio::test(start_paused = true)]
+async fn requeue_keeps_weights_timed() {
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO)
+        .weigher(weight)
+        .max_weight(10)
+        .max_batch_weight(6)
+        .build();
+    tx.try_send("a", 4).unwrap();
+    tx.try_send("a", 5).unwrap();
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![4])]));
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![5])]));
+    assert_eq!(rx.stats().pending_weight, 0);
+
+    rx.requeue("a", vec![4, 5]).unwrap();
+    assert_eq!(rx.stats().pending_weight, 9);
+    assert_eq!(tx.try_send("b", 2), Err(TrySendError::Full(("b", 2))));
+    tx.try_send("b", 1).unwrap();
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![4])]));
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![5]), ("b", vec![1])]));
+}
+
+/// Requeued values keep their weights (`ordered`).
+#[test]
+fn requeue_keeps_weights_ordered() {
+    let (tx, mut rx) = ordered::Builder::new()
+        .weigher(weight)
+        .max_weight(10)
+        .max_batch_weight(7)
+        .build();
+    tx.try_send(1, "a", 3).unwrap();
+    tx.try_send(1, "a", 3).unwrap();
+    let (key, values) = rx.try_recv().unwrap().remove(0);
+    assert_eq!(values, vec![3, 3]);
+    tx.try_send(2, "b", 5).unwrap();
+    rx.requeue(1, key, values).unwrap();
+    assert_eq!(rx.stats().pending_weight, 11); // requeue may pass the budget
+    assert_eq!(tx.try_send(0, "c", 1), Err(TrySendError::Full((0, "c", 1))));
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![3, 3])]));
+    assert_eq!(rx.try_recv(), Ok(vec![("b", vec![5])]));
+}
+
+/// `max_weight`: a cancelled waiting send passes its turn to the next in line.
+#[tokio::test(start_paused = true)]
+async fn cancelled_weight_waiter_passes_turn() {
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO)
+        .weigher(weight)
+        .max_weight(10)
+        .build();
+    tx.try_send("a", 10).unwrap();
+    let mut s1 = task::spawn(tx.send("b", 5));
+    let mut s2 = task::spawn(tx.send("c", 5));
+    assert_pending!(s1.poll());
+    assert_pending!(s2.poll());
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![10])]));
+    assert!(s1.is_woken());
+    assert!(!s2.is_woken());
+    drop(s1);
+    assert!(s2.is_woken());
+    assert_ready_ok!(s2.poll());
+    assert_eq!(rx.try_recv(), Ok(vec![("c", vec![5])]));
+}
+
+/// `max_weight`: closing the channel fails a waiting send and hands its value back.
+#[tokio::test(start_paused = true)]
+async fn weight_waiter_fails_on_close() {
+    let (tx, rx) = ordered::Builder::new()
+        .weigher(weight)
+        .max_weight(10)
+        .build();
+    tx.try_send(1, "a", 10).unwrap();
+    let mut send = task::spawn(tx.send(1, "b", 1));
+    assert_pending!(send.poll());
+    rx.close();
+    assert!(send.is_woken());
+    assert_ready_eq!(send.poll(), Err(SendError((1, "b", 1))));
+}
+
+/// `max_weight(0)` panics with a clear message.
+#[test]
+#[should_panic(expected = "max_weight must be at least 1")]
+fn max_weight_zero_panics() {
+    let _ = ordered::Builder::new().max_weight(0);
+}
+
+// ===== max_keys =====
+
+/// `max_keys`: a value for a new key is refused with `Full` while `n` keys are pending;
+/// values for pending keys still go in (`timed`).
+#[tokio::test(start_paused = true)]
+async fn max_keys_try_send_timed() {
+    let (tx, mut rx) = timed::Builder::new(WINDOW).max_keys(2).build();
+    tx.try_send("a", 1).unwrap();
+    tx.try_send("b", 2).unwrap();
+    assert_eq!(tx.try_send("c", 3), Err(TrySendError::Full(("c", 3))));
+    tx.try_send("a", 4).unwrap();
+    tx.try_send_by("b", 5, Instant::now()).unwrap();
+    assert_eq!(rx.key_count(), 2);
+    assert_eq!(rx.try_recv(), Ok(vec![("b", vec![2, 5])]));
+    tx.try_send("c", 3).unwrap();
+    assert_eq!(tx.try_send("d", 6), Err(TrySendError::Full(("d", 6))));
+}
+
+/// `max_keys`: a new key is refused while `n` keys are pending (`ordered`).
+#[test]
+fn max_keys_try_send_ordered() {
+    let (tx, mut rx) = ordered::Builder::new().max_keys(1).build();
+    tx.try_send(5, "a", 1).unwrap();
+    assert_eq!(tx.try_send(0, "b", 2), Err(TrySendError::Full((0, "b", 2))));
+    tx.try_send(0, "a", 3).unwrap();
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1, 3])]));
+    tx.try_send(0, "b", 2).unwrap();
+}
+
+/// `max_keys`: a `send` for a new key waits while `n` keys are pending, and values for
+/// pending keys still go in meanwhile, from `send` and `try_send`; a later new key is
+/// refused while the first waits. The waiting send proceeds once a key is delivered
+/// (`timed`).
+#[tokio::test(start_paused = true)]
+async fn new_key_waits_existing_key_goes_in_timed() {
+    let (tx, mut rx) = timed::Builder::new(WINDOW).max_keys(1).build();
+    tx.send("a", 1).await.unwrap();
+    let mut send_b = task::spawn(tx.send("b", 2));
+    assert_pending!(send_b.poll());
+
+    tx.try_send("a", 3).unwrap();
+    let mut send_a = task::spawn(tx.send("a", 4));
+    assert_ready_ok!(send_a.poll());
+    assert_eq!(tx.try_send("c", 5), Err(TrySendError::Full(("c", 5))));
+    assert!(!send_b.is_woken());
+
+    assert_eq!(rx.recv().await, Some(vec![("a", vec![1, 3, 4])]));
+    assert!(send_b.is_woken());
+    assert_ready_ok!(send_b.poll());
+    assert_eq!(rx.key_count(), 1);
+    assert_eq!(tx.try_send("a", 6), Err(TrySendError::Full(("a", 6))));
+}
+
+/// `max_keys`: a waiting new-key send does not block values for pending keys (`ordered`).
+#[tokio::test(start_paused = true)]
+async fn new_key_waits_existing_key_goes_in_ordered() {
+    let (tx, mut rx) = ordered::Builder::new().max_keys(2).build();
+    tx.send(1, "a", 1).await.unwrap();
+    tx.send(2, "b", 2).await.unwrap();
+    let mut send_c = task::spawn(tx.send(0, "c", 3));
+    assert_pending!(send_c.poll());
+    tx.send(3, "b", 4).await.unwrap();
+    tx.try_send(3, "a", 5).unwrap();
+    assert!(!send_c.is_woken());
+    assert_eq!(
+        rx.try_recv(),
+        Ok(vec![("a", vec![1, 5]), ("b", vec![2, 4])])
+    );
+    assert!(send_c.is_woken());
+    assert_ready_ok!(send_c.poll());
+    assert_eq!(rx.try_recv(), Ok(vec![("c", vec![3])]));
+}
+
+/// `max_keys`: a key split by `max_batch` is still pending and keeps its slot; the waiting
+/// new-key send proceeds only once the key is fully delivered.
+#[tokio::test(start_paused = true)]
+async fn split_key_keeps_its_slot() {
+    let (tx, mut rx) = ordered::Builder::new().max_keys(1).max_batch(1).build();
+    tx.send(1, "a", 1).await.unwrap();
+    tx.send(1, "a", 2).await.unwrap();
+    let mut send = task::spawn(tx.send(1, "b", 3));
+    assert_pending!(send.poll());
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1])]));
+    assert!(!send.is_woken());
+    assert_pending!(send.poll());
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![2])]));
+    assert!(send.is_woken());
+    assert_ready_ok!(send.poll());
+}
+
+/// `max_keys`: waiting new-key sends go first come first served; a cancelled one passes
+/// its turn to the next (`timed`).
+#[tokio::test(start_paused = true)]
+async fn cancelled_key_waiter_passes_turn_timed() {
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO).max_keys(1).build();
+    tx.try_send("a", 1).unwrap();
+    let mut s1 = task::spawn(tx.send("b", 2));
+    let mut s2 = task::spawn(tx.send("c", 3));
+    assert_pending!(s1.poll());
+    assert_pending!(s2.poll());
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1])]));
+    assert!(s1.is_woken());
+    assert!(!s2.is_woken());
+    // A slot is free, but an earlier send waits for it.
+    assert_eq!(tx.try_send("d", 4), Err(TrySendError::Full(("d", 4))));
+    drop(s1);
+    assert!(s2.is_woken());
+    assert_ready_ok!(s2.poll());
+    assert_eq!(rx.try_recv(), Ok(vec![("c", vec![3])]));
+}
+
+/// `max_keys`: a cancelled waiting new-key send passes its turn on (`ordered`).
+#[tokio::test(start_paused = true)]
+async fn cancelled_key_waiter_passes_turn_ordered() {
+    let (tx, mut rx) = ordered::Builder::new().max_keys(1).build();
+    tx.try_send(1, "a", 1).unwrap();
+    let mut s1 = task::spawn(tx.send(1, "b", 2));
+    let mut s2 = task::spawn(tx.send(1, "c", 3));
+    assert_pending!(s1.poll());
+    assert_pending!(s2.poll());
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1])]));
+    assert!(s1.is_woken());
+    assert!(!s2.is_woken());
+    // Only the head may take the slot, whoever polls first.
+    assert_pending!(s2.poll());
+    drop(s1);
+    assert!(s2.is_woken());
+    assert_ready_ok!(s2.poll());
+    assert_eq!(rx.try_recv(), Ok(vec![("c", vec![3])]));
+}
+
+/// `max_keys`: a waiting send whose key became pending meanwhile (another send for the
+/// same key got the slot) goes in when polled, and the sends still waiting for a slot keep
+/// their turn: the next one is woken when a slot frees. Spurious polls are legal.
+#[tokio::test(start_paused = true)]
+async fn waiting_send_whose_key_became_pending() {
+    let (tx, mut rx) = ordered::Builder::new().max_keys(1).build();
+    tx.try_send(1, "a", 1).unwrap();
+    let mut s1 = task::spawn(tx.send(1, "b", 2));
+    let mut s2 = task::spawn(tx.send(1, "c", 3));
+    let mut s3 = task::spawn(tx.send(1, "b", 4));
+    assert_pending!(s1.poll());
+    assert_pending!(s2.poll());
+    assert_pending!(s3.poll());
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1])]));
+    assert!(s1.is_woken());
+    assert_ready_ok!(s1.poll()); // "b" is pending now
+    assert_ready_ok!(s3.poll()); // a value for a pending key goes in
+    assert!(!s2.is_woken());
+
+    assert_eq!(rx.try_recv(), Ok(vec![("b", vec![2, 4])]));
+    assert!(s2.is_woken(), "the send for \"c\" lost its turn");
+    assert_ready_ok!(s2.poll());
+    assert_eq!(rx.try_recv(), Ok(vec![("c", vec![3])]));
+}
+
+/// `max_keys`: the same, when the key became pending through `requeue`.
+#[tokio::test(start_paused = true)]
+async fn waiting_send_whose_key_was_requeued() {
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO).max_keys(1).build();
+    tx.try_send("a", 1).unwrap();
+    let mut s1 = task::spawn(tx.send("c", 2));
+    let mut s2 = task::spawn(tx.send("b", 3));
+    assert_pending!(s1.poll());
+    assert_pending!(s2.poll());
+    rx.requeue("b", vec![0]).unwrap();
+    assert_ready_ok!(s2.poll()); // "b" is pending now
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1]), ("b", vec![0, 3])]));
+    assert!(s1.is_woken(), "the send for \"c\" lost its turn");
+    assert_ready_ok!(s1.poll());
+    assert_eq!(rx.try_recv(), Ok(vec![("c", vec![2])]));
+}
+
+/// `max_keys`: closing the channel fails a waiting new-key send and hands its value back.
+#[tokio::test(start_paused = true)]
+async fn key_waiter_fails_on_close() {
+    let (tx, rx) = timed::Builder::new(WINDOW).max_keys(1).build();
+    tx.try_send("a", 1).unwrap();
+    let mut send = task::spawn(tx.send("b", 2));
+    assert_pending!(send.poll());
+    rx.close();
+    assert!(send.is_woken());
+    assert_ready_eq!(send.poll(), Err(SendError(("b", 2))));
+}
+
+/// `max_keys` and `capacity` together: a new-key send that has its key slot still waits
+/// for room, and goes in once both are there.
+#[tokio::test(start_paused = true)]
+async fn max_keys_and_capacity() {
+    let (tx, mut rx) = ordered::Builder::new()
+        .max_keys(2)
+        .capacity(2)
+        .max_batch(1)
+        .build();
+    tx.try_send(1, "a", 1).unwrap();
+    tx.try_send(1, "a", 2).unwrap();
+    let mut send = task::spawn(tx.send(0, "b", 3));
+    assert_pending!(send.poll());
+    assert_eq!(tx.try_send(0, "a", 4), Err(TrySendError::Full((0, "a", 4))));
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1])]));
+    assert!(send.is_woken());
+    assert_ready_ok!(send.poll());
+    assert_eq!(rx.key_count(), 2);
+}
+
+/// Requeue always goes in: past `max_keys` and past `max_weight`.
+#[test]
+fn requeue_ignores_limits() {
+    let (tx, mut rx) = ordered::Builder::new()
+        .weigher(weight)
+        .max_keys(1)
+        .max_weight(5)
+        .build();
+    tx.try_send(1, "a", 5).unwrap();
+    let (key, values) = rx.try_recv().unwrap().remove(0);
+    tx.try_send(1, "b", 5).unwrap();
+    rx.requeue(1, key, values).unwrap();
+    let stats = rx.stats();
+    assert_eq!((stats.pending_keys, stats.pending_weight), (2, 10));
+    assert_eq!(tx.try_send(1, "b", 1), Err(TrySendError::Full((1, "b", 1))));
+    // Equal ranks: "b" started its run before "a" was requeued.
+    assert_eq!(rx.try_recv(), Ok(vec![("b", vec![5]), ("a", vec![5])]));
+}
+
+/// `max_keys(0)` panics with a clear message.
+#[test]
+#[should_panic(expected = "max_keys must be at least 1")]
+fn max_keys_zero_panics() {
+    let _ = timed::Builder::new(WINDOW).max_keys(0);
+}
+
+/// `try_send` on a closed channel says `Closed`, not `Full`, even when a limit is reached.
+#[test]
+fn closed_wins_over_limits() {
+    let (tx, rx) = timed::Builder::new(WINDOW)
+        .weigher(weight)
+        .max_keys(1)
+        .max_weight(5)
+        .build();
+    tx.try_send("a", 5).unwrap();
+    rx.close();
+    assert_eq!(tx.try_send("b", 1), Err(TrySendError::Closed(("b", 1))));
+    assert_eq!(tx.try_send("a", 1), Err(TrySendError::Closed(("a", 1))));
+}
+
+/// Without `max_weight`, weight is not bounded: heavy values go in at once.
+#[tokio::test(start_paused = true)]
+async fn weight_unbounded_without_max_weight() {
+    let (tx, _rx) = timed::Builder::new(WINDOW).weigher(weight).build();
+    for _ in 0..2 {
+        let mut send = task::spawn(tx.send("k", 1_000_000));
+        assert_ready!(send.poll()).unwrap();
+    }
+    assert_eq!(tx.stats().pending_weight, 2_000_000);
+}
