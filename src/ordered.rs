@@ -34,7 +34,7 @@ use futures_core::Stream;
 use futures_sink::Sink;
 use tokio::time::Instant;
 
-use crate::chan::{self, Config, Flavor, Weigher, Why};
+use crate::chan::{self, Clock, Config, Flavor, Weigher, Why};
 use crate::error::{SendError, TryRecvError, TrySendError};
 use crate::stats::Stats;
 use crate::Batch;
@@ -46,8 +46,15 @@ impl<S> Flavor for Ordered<S> {
     type Rank = S;
     type Input = S;
 
-    fn rank(sort_key: S, _: Instant, _: usize, _: usize, _: &Config) -> S {
-        sort_key
+    fn rank(
+        sort_key: S,
+        _: &mut Clock<'_>,
+        _: Option<&S>,
+        _: usize,
+        _: usize,
+        _: &Config,
+    ) -> Option<S> {
+        Some(sort_key)
     }
 
     fn why(_: &S) -> Why {

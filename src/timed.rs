@@ -38,7 +38,7 @@ use futures_core::Stream;
 use futures_sink::Sink;
 use tokio::time::Instant;
 
-use crate::chan::{self, far_future, Config, Flavor, Weigher, Why};
+use crate::chan::{self, far_future, Clock, Config, Flavor, Weigher, Why};
 use crate::error::{SendError, TryRecvError, TrySendError};
 use crate::stats::Stats;
 use crate::Batch;
@@ -87,7 +87,30 @@ impl Flavor for Timed {
     type Rank = Deadline;
     type Input = Due;
 
-    fn rank(due: Due, now: Instant, values: usize, weight: usize, config: &Config) -> Deadline {
+    fn rank(
+        due: Due,
+        clock: &mut Clock<'_>,
+        current: Option<&Deadline>,
+        values: usize,
+        weight: usize,
+        config: &Config,
+    ) -> Option<Deadline> {
+        let full = config.is_full(values, weight);
+        if let (Some(current), false) = (current, full) {
+            // Most values join a key that is already due sooner than they would make it:
+            // tell so without reading the clock, from a reading at or before now.
+            let at_least = match due {
+                Due::Window => clock
+                    .floor()
+                    .and_then(|floor| floor.checked_add(config.window)),
+                Due::By(at) => Some(at),
+                Due::Now(_) => None,
+            };
+            if at_least.is_some_and(|at| at >= current.at) {
+                return None;
+            }
+        }
+        let now = clock.now();
         let (at, why) = match due {
             // A window too long to add is "never": the far future is still monotonic in
             // `now`, so the FIFO order holds.
@@ -98,13 +121,13 @@ impl Flavor for Timed {
             Due::By(at) => (at, Why::Due),
             Due::Now(why) => (now, why),
         };
-        match config.is_full(values, weight) && at > now {
+        Some(match full && at > now {
             true => Deadline {
                 at: now,
                 why: Why::FullKey,
             },
             false => Deadline { at, why },
-        }
+        })
     }
 
     fn is_due(deadline: &Deadline, now: Instant) -> bool {
