@@ -15,6 +15,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{self, Thread};
 use std::time::Duration;
 
+use tokio::runtime::{self, Handle};
 use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 
@@ -263,12 +264,20 @@ impl<R, K, V> State<R, K, V> {
     /// Drops the arrivals of runs that ended, from the oldest on.
     fn drop_ended_runs(&mut self) {
         let queue = &self.queue;
-        while self
-            .arrivals
+        let arrivals = &mut self.arrivals;
+        while arrivals
             .front()
             .is_some_and(|(run, _)| !queue.is_pending(*run))
         {
-            self.arrivals.pop_front();
+            arrivals.pop_front();
+        }
+        // Runs that end out of order linger behind live ones: sweep them once they could
+        // outnumber the live runs, so the list stays O(keys) at O(1) amortized.
+        if arrivals.len() > 2 * queue.key_count() + 64 {
+            arrivals.retain(|(run, _)| queue.is_pending(*run));
+        }
+        if arrivals.capacity() > 4096 && arrivals.len() * 8 < arrivals.capacity() {
+            arrivals.shrink_to(arrivals.len() * 2);
         }
     }
 }
@@ -388,7 +397,8 @@ where
                 });
         let arrival = inserted.new_run.map(|run| (run, clock.now()));
         state.counts.sent += 1;
-        self.note_arrival(state, arrival);
+        // When the run started, for the oldest-age figure.
+        state.arrivals.extend(arrival);
         if let Some(place) = place.take() {
             // Usually first in its line, but a send waiting for a key slot goes in as soon
             // as its key turns up pending, wherever it stands.
@@ -404,18 +414,6 @@ where
         };
         // Room may be left for the next in line.
         Ok([receiver, self.room_waiter(state), self.key_waiter(state)])
-    }
-
-    /// Records when a new run started, for the oldest-age figure.
-    fn note_arrival(&self, state: &mut State<F::Rank, K, V>, arrival: Option<(Run, Instant)>) {
-        let Some(arrival) = arrival else { return };
-        state.arrivals.push_back(arrival);
-        // Runs that ended linger until they reach the front; drop them before they
-        // outnumber the live ones.
-        if state.arrivals.len() > 2 * state.queue.key_count() + 64 {
-            let queue = &state.queue;
-            state.arrivals.retain(|(run, _)| queue.is_pending(*run));
-        }
     }
 
     /// Sends `item`, waiting for room; the core of `send` and of the `Sink`.
@@ -571,6 +569,7 @@ where
         },
         sleep: None,
         armed: false,
+        runtime: None,
     };
     let tx = Sender {
         chan,
@@ -781,6 +780,8 @@ pub(crate) struct Receiver<F: Flavor, K, V> {
     sleep: Option<Pin<Box<Sleep>>>,
     /// Whether `sleep` is set for a deadline that has not fired yet.
     armed: bool,
+    /// The runtime `sleep` was made in.
+    runtime: Option<runtime::Id>,
 }
 
 impl<F: Flavor, K: Hash + Eq + Clone, V> Receiver<F, K, V>
@@ -816,7 +817,14 @@ where
                 self.disarm(now);
                 return Poll::Pending;
             };
-            // One timer per receiver, reset rather than made anew.
+            // One timer per receiver, reset rather than made anew; but a timer belongs to the
+            // runtime it was made in, so a receiver that moved to another runtime (or
+            // outlived its first one) needs a new one.
+            let runtime = Handle::try_current().ok().map(|handle| handle.id());
+            if runtime != self.runtime {
+                self.sleep = None;
+                self.runtime = runtime;
+            }
             self.armed = true;
             let sleep = match &mut self.sleep {
                 Some(sleep) => {
@@ -936,8 +944,9 @@ where
         let rank = rank.expect("a rank for a key that may not be pending");
         let inserted = state.queue.requeue_inner(key, values, weights, rank);
         state.counts.requeued += count;
-        self.chan
-            .note_arrival(&mut state, inserted.new_run.map(|run| (run, now)));
+        state
+            .arrivals
+            .extend(inserted.new_run.map(|run| (run, now)));
         let receiver = match inserted.leads {
             true => state.recv_waiters.first().map(|(_, w)| w.clone()),
             false => None,
@@ -1003,6 +1012,7 @@ impl<F: Flavor, K, V> Clone for Receiver<F, K, V> {
             waiter: Waiter { id, waiting: false },
             sleep: None,
             armed: false,
+            runtime: None,
         }
     }
 }
@@ -1019,6 +1029,7 @@ impl<F: Flavor, K, V> Drop for Receiver<F, K, V> {
         // lock, since a value's `Drop` is user code.
         let wakers = self.chan.close(&mut state);
         let pending = state.queue.take_all();
+        state.arrivals = VecDeque::new();
         drop(state);
         wakers.into_iter().for_each(Waker::wake);
         drop(pending);

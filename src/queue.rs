@@ -774,9 +774,7 @@ where
     /// Rebuilds the index from the slots: one live ticket per key, sorted, in the FIFO.
     fn rebuild(&mut self) {
         let mut tickets: Vec<Ticket<R>> = Vec::with_capacity(self.slots.len());
-        for slot in self.slots.iter_mut() {
-            self.next_id += 1;
-            slot.ticket = self.next_id;
+        for slot in self.slots.iter() {
             tickets.push(Ticket {
                 rank: slot.rank.clone(),
                 seq: slot.seq,
@@ -1145,6 +1143,24 @@ mod tests {
         assert_eq!(batch.len(), 10);
         assert_eq!(batch[0].0, 9, "key 9 got the smallest rank last");
         assert_eq!(batch.iter().map(|(_, v)| v.len()).sum::<usize>(), 100_000);
+    }
+
+    /// Found by the model test: a push that lowered a rank and set off a rebuild of the
+    /// index said it did not lead, because the rebuild gave every slot a new ticket id.
+    #[test]
+    fn leads_survives_a_rebuild() {
+        let mut q = SortedQueue::new();
+        for rank in (370..=418).rev() {
+            q.push(0, (), rank);
+        }
+        let mut led = Vec::new();
+        for rank in (266..=400).rev() {
+            if q.push(1, (), rank) {
+                led.push(rank);
+            }
+        }
+        // Key 1 leads from its first rank under key 0's 370, and on every push after that.
+        assert_eq!(led, (266..=369).rev().collect::<Vec<_>>());
     }
 
     #[test]

@@ -1,0 +1,928 @@
+//! Faults: user code that panics (`Hash`, `Eq`, `Ord`, `Clone`), values whose drops are
+//! counted, a consumer that panics holding a batch, runtimes dropped under waiting tasks,
+//! the races between closing, sending and receiving (everything is under one mutex, so
+//! each interleaving is played out deterministically with `tokio_test::task`), and memory
+//! after a million distinct keys.
+//!
+//! This binary counts allocations (`stats_alloc`) for the memory test.
+
+use std::alloc::System;
+use std::cell::Cell;
+use std::cmp::Ordering;
+use std::hash::{Hash, Hasher};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use sorted_channel::error::{SendError, TryRecvError, TrySendError};
+use sorted_channel::queue::SortedQueue;
+use sorted_channel::{ordered, timed, Batch};
+use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
+use tokio::time::{advance, Instant};
+use tokio_test::task;
+use tokio_test::{assert_pending, assert_ready};
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+const MS10: Duration = Duration::from_millis(10);
+const HOUR: Duration = Duration::from_secs(3600);
+
+// ===== keys and sort keys whose user code panics on demand =====
+
+thread_local! {
+    /// The id whose `Hash`, `Eq`, `Ord` or `Clone` panics on this thread, if any.
+    static ARMED: Cell<Option<u32>> = const { Cell::new(None) };
+}
+
+fn arm(id: u32) {
+    ARMED.with(|armed| armed.set(Some(id)));
+}
+
+fn disarm() {
+    ARMED.with(|armed| armed.set(None));
+}
+
+fn armed(id: u32) -> bool {
+    ARMED.with(|armed| armed.get() == Some(id))
+}
+
+/// Whether `f` panicked.
+fn panics<T>(f: impl FnOnce() -> T) -> bool {
+    catch_unwind(AssertUnwindSafe(f)).is_err()
+}
+
+/// A key whose `Hash` panics while its id is armed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct HashBomb(u32);
+
+impl Hash for HashBomb {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        assert!(!armed(self.0), "Hash of key {} panics", self.0);
+        self.0.hash(state);
+    }
+}
+
+/// A key whose `Eq` panics comparing two copies of the armed id. (Comparing it with other
+/// keys does not panic: the table may do that on a partial hash match, at random.)
+#[derive(Clone, Debug)]
+struct EqBomb(u32);
+
+impl PartialEq for EqBomb {
+    fn eq(&self, other: &Self) -> bool {
+        assert!(!(armed(self.0) && armed(other.0)), "Eq of key panics");
+        self.0 == other.0
+    }
+}
+
+impl Eq for EqBomb {}
+
+impl Hash for EqBomb {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
+    }
+}
+
+/// A key whose `Clone` panics while its id is armed.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct CloneBomb(u32);
+
+impl Clone for CloneBomb {
+    fn clone(&self) -> Self {
+        assert!(!armed(self.0), "Clone of key {} panics", self.0);
+        CloneBomb(self.0)
+    }
+}
+
+/// A sort key whose `Ord` panics while its value is armed.
+#[derive(Clone, Debug)]
+struct OrdBomb(u32);
+
+impl Ord for OrdBomb {
+    fn cmp(&self, other: &Self) -> Ordering {
+        assert!(!armed(self.0) && !armed(other.0), "Ord of sort key panics");
+        self.0.cmp(&other.0)
+    }
+}
+
+impl PartialOrd for OrdBomb {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for OrdBomb {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for OrdBomb {}
+
+/// A batch as `(key id, value)` pairs, in order.
+fn flat<K, V: Copy>(batches: &[Batch<K, V>], id: impl Fn(&K) -> u32) -> Vec<(u32, V)> {
+    batches
+        .iter()
+        .flatten()
+        .flat_map(|(key, values)| values.iter().map(|v| (id(key), *v)).collect::<Vec<_>>())
+        .collect()
+}
+
+// ===== panics in Hash, Eq, Ord and Clone =====
+
+/// A key whose `Hash` panics: `try_send`, `send`, `blocking_send` and `requeue` of that key
+/// panic; other keys go on working while it is armed, the table grows and batches come out
+/// without hashing it, a waiting receiver is still woken, and the key works again once its
+/// `Hash` does. Nothing else is lost.
+#[tokio::test(start_paused = true)]
+async fn hash_panic_leaves_channel_usable() {
+    let (tx, rx) = timed::channel::<HashBomb, u32>(MS10);
+    let mut rx2 = rx.clone();
+    let mut waiting = task::spawn(async move { rx2.recv().await });
+    assert_pending!(waiting.poll());
+    tx.try_send(HashBomb(1), 10).unwrap();
+    tx.try_send(HashBomb(7), 70).unwrap();
+
+    arm(7);
+    assert!(panics(|| tx.try_send(HashBomb(7), 71)));
+    assert!(panics(|| tx.blocking_send(HashBomb(7), 72)));
+    assert!(panics(|| rx.requeue(HashBomb(7), vec![73])));
+    let tx2 = tx.clone();
+    let spawned = tokio::spawn(async move { tx2.send(HashBomb(7), 74).await }).await;
+    assert!(spawned.unwrap_err().is_panic());
+    // Other keys work, and growing the table does not hash key 7.
+    for id in 100..300 {
+        tx.try_send(HashBomb(id), id).unwrap();
+    }
+    assert_eq!((rx.len(), rx.key_count()), (202, 202));
+
+    // Due: the waiting receiver is woken and takes everything, without hashing key 7.
+    advance(MS10).await;
+    assert!(waiting.is_woken());
+    let batch = assert_ready!(waiting.poll()).unwrap();
+    let mut want = vec![(HashBomb(1), vec![10]), (HashBomb(7), vec![70])];
+    want.extend((100..300).map(|id| (HashBomb(id), vec![id])));
+    assert_eq!(batch, want);
+
+    disarm();
+    tx.try_send(HashBomb(7), 75).unwrap();
+    drop(tx);
+    let mut rx = rx;
+    assert_eq!(rx.recv().await, Some(vec![(HashBomb(7), vec![75])]));
+    assert_eq!(rx.recv().await, None);
+}
+
+/// A key whose `Eq` panics: sending or requeueing to that key while it is pending panics;
+/// its pending values and every other key are intact, and it works again afterwards.
+#[tokio::test(start_paused = true)]
+async fn eq_panic_leaves_channel_usable() {
+    let (tx, mut rx) = timed::channel::<EqBomb, u32>(MS10);
+    tx.try_send(EqBomb(1), 10).unwrap();
+    tx.try_send(EqBomb(7), 70).unwrap();
+    tx.try_send(EqBomb(2), 20).unwrap();
+
+    arm(7);
+    assert!(panics(|| tx.try_send(EqBomb(7), 71)));
+    assert!(panics(|| rx.requeue(EqBomb(7), vec![72])));
+    let tx2 = tx.clone();
+    let spawned = tokio::spawn(async move { tx2.send(EqBomb(7), 73).await }).await;
+    assert!(spawned.unwrap_err().is_panic());
+    for id in 100..300 {
+        tx.try_send(EqBomb(id), id).unwrap();
+    }
+    tx.try_send(EqBomb(1), 11).unwrap();
+    assert_eq!((rx.len(), rx.key_count()), (204, 203));
+
+    advance(MS10).await;
+    let got = rx.try_recv().unwrap();
+    let ids: Vec<(u32, Vec<u32>)> = got.into_iter().map(|(k, v)| (k.0, v)).collect();
+    let mut want = vec![(1, vec![10, 11]), (7, vec![70]), (2, vec![20])];
+    want.extend((100..300).map(|id| (id, vec![id])));
+    assert_eq!(ids, want);
+
+    disarm();
+    tx.try_send(EqBomb(7), 74).unwrap();
+    tx.try_send(EqBomb(7), 75).unwrap();
+    advance(MS10).await;
+    let got = rx.try_recv().unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].0 .0, got[0].1.clone()), (7, vec![74, 75]));
+}
+
+/// Drains an `ordered` channel of `OrdBomb` sort keys with nothing armed, after the batches
+/// taken while armed, and checks the values against `want`. The value of a call that
+/// panicked (`maybe`) may have gone in or not, but at most once.
+fn check_drain(
+    rx: &mut ordered::Receiver<OrdBomb, u32, u32>,
+    mut batches: Vec<Batch<u32, u32>>,
+    want: &[(u32, u32)],
+    maybe: (u32, u32),
+) {
+    disarm();
+    while let Ok(batch) = rx.try_recv() {
+        batches.push(batch);
+    }
+    let mut got = flat(&batches, |k| *k);
+    let extra = got.iter().filter(|pair| **pair == maybe).count();
+    assert!(extra <= 1, "{maybe:?} delivered {extra} times");
+    got.retain(|pair| *pair != maybe);
+    assert_eq!(got, want);
+}
+
+/// A sort key whose `Ord` panics, at each place the queue compares ranks: lowering a key's
+/// rank, pushing into the heap, and taking a batch (heap pops). That call panics; once
+/// `Ord` works again, every other value comes out once, in rank order.
+#[test]
+fn ord_panic_leaves_channel_usable() {
+    let setup = |max_batch: usize| {
+        let (tx, rx) = ordered::Builder::new()
+            .max_batch(max_batch)
+            .build::<OrdBomb, u32, u32>();
+        // Falling ranks: all but the first go into the heap.
+        for (rank, key) in [(50, 1), (40, 2), (30, 3), (20, 4), (10, 5)] {
+            tx.try_send(OrdBomb(rank), key, key * 10).unwrap();
+        }
+        (tx, rx)
+    };
+    let all = [(5, 50), (4, 40), (3, 30), (2, 20), (1, 10)];
+
+    // Lowering the rank of the key ranked 30.
+    let (tx, mut rx) = setup(10);
+    arm(30);
+    assert!(panics(|| tx.try_send(OrdBomb(25), 3, 31)));
+    check_drain(&mut rx, Vec::new(), &all, (3, 31));
+
+    // Pushing a new smallest rank into the heap: it is compared with the heap's top, 10.
+    let (tx, mut rx) = setup(10);
+    arm(10);
+    assert!(panics(|| tx.try_send(OrdBomb(5), 9, 90)));
+    check_drain(&mut rx, Vec::new(), &all, (9, 90));
+
+    // Taking batches: heap pops compare 30 with its neighbours. Batches taken before the
+    // panic are kept; once `Ord` works again, the index is repaired and nothing is lost.
+    let (tx, mut rx) = setup(2);
+    arm(30);
+    let mut batches = Vec::new();
+    let mut failed = false;
+    while !failed {
+        match catch_unwind(AssertUnwindSafe(|| rx.try_recv())) {
+            Ok(Ok(batch)) => batches.push(batch),
+            Ok(Err(_)) => break,
+            Err(_) => failed = true,
+        }
+    }
+    assert!(failed, "no try_recv compared the armed rank");
+    disarm();
+    tx.try_send(OrdBomb(60), 6, 60).unwrap();
+    let mut want = all.to_vec();
+    want.push((6, 60));
+    check_drain(&mut rx, batches, &want, (0, 0));
+}
+
+/// A receiver whose `recv` panics in `Ord` while it is the first waiting receiver: it
+/// gives up its place, and the next waiting receiver is woken and gets the batch.
+#[tokio::test]
+async fn ord_panic_in_recv_hands_over() {
+    let (tx, rx) = ordered::channel::<OrdBomb, u32, u32>();
+    let (mut rx_a, mut rx_b) = (rx.clone(), rx);
+    let mut a = task::spawn(async move { rx_a.recv().await });
+    let mut b = task::spawn(async move { rx_b.recv().await });
+    assert_pending!(a.poll());
+    assert_pending!(b.poll());
+    tx.try_send(OrdBomb(30), 3, 30).unwrap();
+    assert!(a.is_woken());
+    tx.try_send(OrdBomb(20), 2, 20).unwrap();
+    tx.try_send(OrdBomb(10), 1, 10).unwrap();
+
+    arm(20);
+    assert!(panics(|| a.poll()));
+    drop(a);
+    assert!(b.is_woken(), "the next receiver was not woken");
+    disarm();
+    let batch = assert_ready!(b.poll()).unwrap();
+    assert_eq!(batch, vec![(1, vec![10]), (2, vec![20]), (3, vec![30])]);
+}
+
+/// A key whose `Clone` panics when a batch has to split it: the split panics, and the
+/// key's values and every other key are intact and come out afterwards, split as before.
+#[test]
+fn clone_panic_on_split_loses_nothing() {
+    let (tx, mut rx) = ordered::Builder::new()
+        .max_batch(2)
+        .build::<u32, CloneBomb, u32>();
+    tx.try_send(1, CloneBomb(7), 1).unwrap();
+    tx.try_send(1, CloneBomb(7), 2).unwrap();
+    tx.try_send(1, CloneBomb(7), 3).unwrap();
+    tx.try_send(2, CloneBomb(8), 4).unwrap();
+    arm(7);
+    assert!(panics(|| rx.try_recv()));
+    assert_eq!(rx.len(), 4);
+    disarm();
+    assert_eq!(rx.try_recv(), Ok(vec![(CloneBomb(7), vec![1, 2])]));
+    assert_eq!(
+        rx.try_recv(),
+        Ok(vec![(CloneBomb(7), vec![3]), (CloneBomb(8), vec![4])])
+    );
+}
+
+// ===== counted drops =====
+
+/// Counts the drops of each `Tracked` value it made.
+struct Tracker {
+    drops: Mutex<Vec<u32>>,
+}
+
+/// A value whose drop is counted by its `Tracker`.
+#[derive(Debug)]
+struct Tracked {
+    id: usize,
+    tracker: Arc<Tracker>,
+}
+
+impl std::fmt::Debug for Tracker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tracker")
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        let mut drops = self
+            .tracker
+            .drops
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        drops[self.id] += 1;
+    }
+}
+
+impl Tracker {
+    fn new(n: usize) -> Arc<Self> {
+        Arc::new(Tracker {
+            drops: Mutex::new(vec![0; n]),
+        })
+    }
+
+    fn make(self: &Arc<Self>, id: usize) -> Tracked {
+        Tracked {
+            id,
+            tracker: Arc::clone(self),
+        }
+    }
+
+    fn drops(&self) -> Vec<u32> {
+        self.drops.lock().unwrap().clone()
+    }
+
+    fn dropped(&self) -> usize {
+        self.drops().iter().filter(|&&n| n > 0).count()
+    }
+
+    /// Every value made was dropped, and none twice.
+    fn assert_all_dropped_once(&self) {
+        let drops = self.drops();
+        let wrong: Vec<(usize, u32)> = drops
+            .iter()
+            .enumerate()
+            .filter(|(_, &n)| n != 1)
+            .map(|(id, &n)| (id, n))
+            .collect();
+        assert!(
+            wrong.is_empty(),
+            "(value, drops) not dropped once: {wrong:?}"
+        );
+    }
+}
+
+/// Dropping the last receiver drops every pending value exactly once (a clone alive keeps
+/// them); later sends hand their value back.
+#[test]
+fn last_receiver_drop_drops_pending_once() {
+    let tracker = Tracker::new(101);
+    let (tx, mut rx) = timed::Builder::new(HOUR)
+        .max_batch(7)
+        .build::<u32, Tracked>();
+    let rx2 = rx.clone();
+    for id in 0..100 {
+        tx.try_send((id % 13) as u32, tracker.make(id)).unwrap();
+    }
+    // A batch requeued before the drop is pending like the rest.
+    rx.close();
+    let batch = rx.try_recv().unwrap();
+    let (key, values) = batch.into_iter().next().unwrap();
+    rx.requeue(key, values).unwrap();
+    drop(rx);
+    assert_eq!(tracker.dropped(), 0, "a receiver is still alive");
+    drop(rx2);
+    let err = tx.try_send(1, tracker.make(100)).unwrap_err();
+    assert_eq!(tracker.dropped(), 100);
+    assert!(err.is_closed());
+    drop(err);
+    tracker.assert_all_dropped_once();
+}
+
+/// Closing, taking a few batches and dropping the receiver mid-drain: the batches taken and
+/// the values left behind are each dropped exactly once.
+#[test]
+fn close_and_drop_mid_drain_drops_once() {
+    for flavour in 0..2 {
+        let tracker = Tracker::new(100);
+        let mut taken = Vec::new();
+        if flavour == 0 {
+            let (tx, mut rx) = timed::Builder::new(HOUR)
+                .max_batch(7)
+                .build::<u32, Tracked>();
+            for id in 0..100 {
+                tx.try_send((id % 13) as u32, tracker.make(id)).unwrap();
+            }
+            drop(tx);
+            for _ in 0..3 {
+                taken.push(rx.try_recv().unwrap());
+            }
+        } else {
+            let (tx, mut rx) = ordered::Builder::new()
+                .max_batch(7)
+                .build::<u32, u32, Tracked>();
+            for id in 0..100 {
+                tx.try_send((id % 5) as u32, (id % 13) as u32, tracker.make(id))
+                    .unwrap();
+            }
+            rx.close();
+            for _ in 0..3 {
+                taken.push(rx.try_recv().unwrap());
+            }
+            drop(tx);
+        }
+        // The channel is gone: what it held is dropped, what was taken is not.
+        let held: usize = taken.iter().flatten().map(|(_, v)| v.len()).sum();
+        assert_eq!(held, 21);
+        assert_eq!(tracker.dropped(), 100 - held);
+        drop(taken);
+        tracker.assert_all_dropped_once();
+    }
+}
+
+/// Values handed back in errors (`Full`, `Closed`, refused requeue), values of a cancelled
+/// waiting `send`, and of a waiting `send` failed by the last receiver's drop, are each
+/// dropped once, by whoever ends up holding them.
+#[tokio::test]
+async fn refused_and_cancelled_values_drop_once() {
+    let tracker = Tracker::new(7);
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO)
+        .capacity(1)
+        .build::<u32, Tracked>();
+    tx.try_send(1, tracker.make(0)).unwrap();
+    let full = tx.try_send(1, tracker.make(1)).unwrap_err();
+    assert!(full.is_full());
+    drop(full);
+    assert_eq!(tracker.drops()[1], 1);
+
+    let mut cancelled = task::spawn(tx.send(2, tracker.make(2)));
+    assert_pending!(cancelled.poll());
+    drop(cancelled);
+    assert_eq!(tracker.drops()[2], 1);
+
+    let mut waiting = task::spawn(tx.send(3, tracker.make(3)));
+    assert_pending!(waiting.poll());
+    let rx2 = rx.clone();
+    let batch = rx.try_recv().unwrap();
+    drop(rx);
+    assert_eq!(tracker.dropped(), 2, "a receiver is still alive");
+    drop(rx2);
+    assert!(waiting.is_woken());
+    let SendError((key, value)) = assert_ready!(waiting.poll()).unwrap_err();
+    assert_eq!((key, value.id), (3, 3));
+    drop(value);
+    drop(batch);
+
+    let SendError((_, value)) = tx.send(4, tracker.make(4)).await.unwrap_err();
+    assert_eq!(value.id, 4);
+    drop(value);
+    let _ = (tracker.make(5), tracker.make(6));
+    tracker.assert_all_dropped_once();
+}
+
+// ===== consumers that panic, runtimes that go away =====
+
+/// A consumer task that panics while holding a batch does not stop the other receiver:
+/// everything else is delivered to it, and its stream ends.
+#[tokio::test(start_paused = true)]
+async fn consumer_panic_does_not_stop_others() {
+    let (tx, rx) = timed::channel::<u32, u32>(MS10);
+    let lost = Arc::new(Mutex::new(Vec::new()));
+    let mut bad_rx = rx.clone();
+    let bad_lost = Arc::clone(&lost);
+    let bad = tokio::spawn(async move {
+        let batch = bad_rx.recv().await.unwrap();
+        bad_lost.lock().unwrap().extend(batch);
+        panic!("consumer failed while holding its batch");
+    });
+    let good = tokio::spawn(async move {
+        let mut rx = rx;
+        let mut got = Vec::new();
+        while let Some(batch) = rx.recv().await {
+            got.extend(batch);
+        }
+        got
+    });
+    tokio::task::yield_now().await;
+    for key in 0..20 {
+        tx.send(key, key * 10).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    drop(tx);
+    assert!(bad.await.unwrap_err().is_panic());
+    let got = good.await.unwrap();
+    let lost = lost.lock().unwrap().clone();
+    assert!(!lost.is_empty(), "the panicking consumer took nothing");
+    let mut all: Vec<(u32, Vec<u32>)> = lost.into_iter().chain(got).collect();
+    all.sort();
+    let want: Vec<(u32, Vec<u32>)> = (0..20).map(|k| (k, vec![k * 10])).collect();
+    assert_eq!(all, want);
+}
+
+/// Runs `f` on its own thread and fails if it panics or does not finish in time.
+fn on_thread(name: &str, f: impl FnOnce() + Send + 'static) {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let ok = catch_unwind(AssertUnwindSafe(f)).is_ok();
+        let _ = done.send(ok);
+    });
+    let ok = finished
+        .recv_timeout(Duration::from_secs(20))
+        .unwrap_or_else(|_| panic!("{name}: hung"));
+    assert!(ok, "{name}: panicked");
+}
+
+/// Dropping the runtime while a bounded `send` waits (current-thread and multi-thread
+/// runtimes) neither hangs nor panics; the waiting value is dropped once and the channel
+/// goes on working without that sender.
+#[test]
+fn runtime_drop_while_send_waits() {
+    for multi in [false, true] {
+        on_thread("runtime drop", move || {
+            let tracker = Tracker::new(4);
+            let (tx, mut rx) = timed::Builder::new(Duration::ZERO)
+                .capacity(1)
+                .build::<u32, Tracked>();
+            tx.try_send(1, tracker.make(0)).unwrap();
+            let rt = match multi {
+                false => tokio::runtime::Builder::new_current_thread().build(),
+                true => tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .build(),
+            }
+            .unwrap();
+            let (registered, is_registered) = std::sync::mpsc::channel();
+            let (tx2, value) = (tx.clone(), tracker.make(1));
+            rt.block_on(async {
+                tokio::spawn(async move {
+                    let mut send = pin!(tx2.send(2, value));
+                    assert!(futures::poll!(send.as_mut()).is_pending());
+                    registered.send(()).unwrap();
+                    send.await
+                });
+                while is_registered.try_recv().is_err() {
+                    tokio::task::yield_now().await;
+                }
+            });
+            assert!(tx.try_send(9, tracker.make(2)).unwrap_err().is_full());
+            drop(rt);
+            assert_eq!(tracker.drops(), vec![0, 1, 1, 0]);
+            // The waiting sender is gone: room goes to the next caller.
+            let batch = rx.try_recv().unwrap();
+            assert_eq!(batch[0].1[0].id, 0);
+            drop(batch);
+            tx.try_send(3, tracker.make(3)).unwrap();
+        });
+    }
+}
+
+/// A paused current-thread runtime.
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
+/// Dropping the runtime while a receiver waits on its deadline timer neither hangs nor
+/// panics, and the receiver still works without a runtime (`try_recv`).
+#[test]
+fn runtime_drop_while_recv_waits() {
+    on_thread("runtime drop under recv", || {
+        let (tx, mut rx) = timed::channel::<u32, u32>(HOUR);
+        let rt = paused_runtime();
+        rt.block_on(async {
+            tx.send(1, 10).await.unwrap();
+            let mut recv = task::spawn(rx.recv());
+            assert_pending!(recv.poll()); // sleeping on the deadline timer
+        });
+        drop(rt);
+        drop(tx);
+        assert_eq!(rx.try_recv(), Ok(vec![(1, vec![10])]));
+        assert_eq!(rx.try_recv(), Err(TryRecvError::Disconnected));
+    });
+}
+
+/// A receiver that slept on its deadline timer in one runtime still works in a later one,
+/// once the first is gone. It used to reuse the timer made in the first runtime and panic
+/// ("A Tokio 1.x context was found, but it is being shutdown").
+#[test]
+fn receiver_in_a_second_runtime() {
+    on_thread("receiver in a second runtime", || {
+        let (tx, mut rx) = timed::channel::<u32, u32>(HOUR);
+        let rt = paused_runtime();
+        rt.block_on(async {
+            tx.send(1, 10).await.unwrap();
+            let mut recv = task::spawn(rx.recv());
+            assert_pending!(recv.poll()); // sleeping on the deadline timer
+        });
+        drop(rt);
+        let rt = paused_runtime();
+        rt.block_on(async {
+            tx.send(2, 20).await.unwrap();
+            // Key 1 is due an hour after it was sent; the paused clock jumps there. Key 2,
+            // sent on this runtime's clock, may be due by the same millisecond tick.
+            let batch = rx.recv().await.unwrap();
+            assert_eq!(batch[0], (1, vec![10]));
+        });
+    });
+}
+
+/// A receiver that slept on its deadline timer in one runtime, then waits in another while
+/// the first is alive but idle, is woken at its deadline. It used to keep its timer in the
+/// first runtime, which nobody drives, and hang.
+#[test]
+fn receiver_moved_to_another_runtime() {
+    on_thread("receiver moved to another runtime", || {
+        let (tx, mut rx) = timed::channel::<u32, u32>(HOUR);
+        let first = paused_runtime();
+        first.block_on(async {
+            tx.send(1, 10).await.unwrap();
+            let mut recv = task::spawn(rx.recv());
+            assert_pending!(recv.poll()); // sleeping on the deadline timer
+        });
+        let second = paused_runtime();
+        second.block_on(async {
+            let mut recv = task::spawn(rx.recv());
+            assert_pending!(recv.poll());
+            // Key 1 is due an hour after it was sent, by the first runtime's clock, which
+            // the second runtime's clock is ahead of.
+            advance(HOUR).await;
+            assert!(recv.is_woken(), "recv was not woken at the deadline");
+            assert_eq!(assert_ready!(recv.poll()), Some(vec![(1, vec![10])]));
+        });
+        drop(first);
+    });
+}
+
+// ===== close, send and recv interleavings =====
+
+/// `close()` while bounded sends wait wakes each of them with `Closed` and its value; the
+/// pending values still come out.
+#[tokio::test]
+async fn close_wakes_waiting_senders() {
+    let (tx, mut rx) = timed::Builder::new(HOUR).capacity(1).build::<&str, i32>();
+    tx.try_send("a", 1).unwrap();
+    let mut b = task::spawn(tx.send("b", 2));
+    let mut c = task::spawn(tx.send_by("c", 3, Instant::now()));
+    assert_pending!(b.poll());
+    assert_pending!(c.poll());
+    rx.close();
+    assert!(b.is_woken() && c.is_woken());
+    assert_eq!(assert_ready!(b.poll()), Err(SendError(("b", 2))));
+    assert_eq!(assert_ready!(c.poll()), Err(SendError(("c", 3))));
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1])]));
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Disconnected));
+
+    let (tx, rx) = ordered::Builder::new().capacity(1).build::<u8, &str, i32>();
+    tx.try_send(1, "a", 1).unwrap();
+    let mut b = task::spawn(tx.send(2, "b", 2));
+    assert_pending!(b.poll());
+    rx.close();
+    assert!(b.is_woken());
+    assert_eq!(assert_ready!(b.poll()), Err(SendError((2, "b", 2))));
+}
+
+/// The last sender is dropped on either side of the receiver registering its waker, with
+/// one or two receivers waiting, and with the waker changed between polls: whoever waits
+/// is woken, the pending values come out, and the stream ends.
+#[tokio::test(start_paused = true)]
+async fn last_sender_drop_vs_receiver_registering() {
+    // Registered first, then the drop: woken, flushes the undue value, then ends.
+    let (tx, mut rx) = timed::channel::<u8, u8>(HOUR);
+    tx.try_send(1, 1).unwrap();
+    let mut recv = task::spawn(rx.recv());
+    assert_pending!(recv.poll());
+    drop(tx);
+    assert!(recv.is_woken());
+    assert_eq!(assert_ready!(recv.poll()), Some(vec![(1, vec![1])]));
+    drop(recv);
+    assert_eq!(rx.recv().await, None);
+
+    // Dropped first, then the first poll: ready at once.
+    let (tx, mut rx) = timed::channel::<u8, u8>(HOUR);
+    drop(tx);
+    let mut recv = task::spawn(rx.recv());
+    assert_eq!(assert_ready!(recv.poll()), None);
+
+    // Two receivers waiting (one holds the timer): both are woken; one gets the value, the
+    // other the end.
+    let (tx, rx) = timed::channel::<u8, u8>(HOUR);
+    let (mut rx1, mut rx2) = (rx.clone(), rx);
+    let mut r1 = task::spawn(async move { rx1.recv().await });
+    let mut r2 = task::spawn(async move { rx2.recv().await });
+    assert_pending!(r1.poll());
+    assert_pending!(r2.poll());
+    tx.try_send(1, 1).unwrap();
+    assert_pending!(r1.poll());
+    drop(tx);
+    assert!(r1.is_woken() && r2.is_woken());
+    let outcomes = [assert_ready!(r2.poll()), assert_ready!(r1.poll())];
+    assert_eq!(outcomes, [Some(vec![(1, vec![1])]), None]);
+
+    // The receiver re-registers from another task between polls: the newest waker counts.
+    let (tx, mut rx) = timed::channel::<u8, u8>(HOUR);
+    let mut first = task::spawn(());
+    let mut second = task::spawn(());
+    assert!(first.enter(|cx, _| rx.poll_recv(cx)).is_pending());
+    assert!(second.enter(|cx, _| rx.poll_recv(cx)).is_pending());
+    drop(tx);
+    assert!(second.is_woken(), "the current waker was not woken");
+    assert!(second.enter(|cx, _| rx.poll_recv(cx)).is_ready());
+}
+
+/// A send racing `close`: sent before, it is delivered in the flush; after, it fails with
+/// its value; waiting for room, it fails with its value even if room came first (closed
+/// wins), and nothing it carried is delivered.
+#[tokio::test(start_paused = true)]
+async fn send_vs_close() {
+    // Send, then close.
+    let (tx, mut rx) = timed::channel::<u8, u8>(HOUR);
+    tx.send(1, 1).await.unwrap();
+    rx.close();
+    assert_eq!(rx.recv().await, Some(vec![(1, vec![1])]));
+    assert_eq!(rx.recv().await, None);
+    assert_eq!(tx.send(1, 2).await, Err(SendError((1, 2))));
+
+    // Close, then send.
+    let (tx, rx) = timed::channel::<u8, u8>(HOUR);
+    rx.close();
+    assert_eq!(tx.send(1, 1).await, Err(SendError((1, 1))));
+    assert_eq!(tx.try_send(1, 2), Err(TrySendError::Closed((1, 2))));
+
+    // Waiting for room; room comes (the sender is woken), then close before it runs.
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO)
+        .capacity(1)
+        .build::<u8, u8>();
+    tx.try_send(1, 1).unwrap();
+    let mut send = task::spawn(tx.send(2, 2));
+    assert_pending!(send.poll());
+    assert_eq!(rx.try_recv(), Ok(vec![(1, vec![1])]));
+    assert!(send.is_woken());
+    rx.close();
+    assert_eq!(assert_ready!(send.poll()), Err(SendError((2, 2))));
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Disconnected));
+
+    // Full and closed at once: Closed wins.
+    let (tx, rx) = timed::Builder::new(HOUR).capacity(1).build::<u8, u8>();
+    tx.try_send(1, 1).unwrap();
+    rx.close();
+    assert_eq!(tx.try_send(1, 2), Err(TrySendError::Closed((1, 2))));
+}
+
+/// A send racing the receiver that takes the last due key, in each order: the value is
+/// never lost or delayed past its deadline, and a waiting receiver is woken for it.
+#[tokio::test(start_paused = true)]
+async fn send_vs_taking_last_due_key() {
+    let (tx, mut rx) = timed::channel::<u8, u8>(MS10);
+    let start = Instant::now();
+    tx.send(1, 1).await.unwrap();
+
+    // The receiver is woken at the deadline; a send lands before it runs, due later.
+    let mut recv = task::spawn(rx.recv());
+    assert_pending!(recv.poll());
+    advance(MS10).await;
+    assert!(recv.is_woken());
+    tx.send(2, 2).await.unwrap(); // due at start + 20 ms
+    assert_eq!(assert_ready!(recv.poll()), Some(vec![(1, vec![1])]));
+    drop(recv);
+    // It took the last due key; the next recv sleeps until key 2 is due.
+    let mut recv = task::spawn(rx.recv());
+    assert_pending!(recv.poll());
+    advance(MS10).await;
+    assert!(recv.is_woken());
+    assert_eq!(assert_ready!(recv.poll()), Some(vec![(2, vec![2])]));
+    drop(recv);
+    assert_eq!(Instant::now(), start + 2 * MS10);
+
+    // The queue is empty and the receiver waits without a timer; a send wakes it, and it
+    // then sleeps until that value is due.
+    let mut recv = task::spawn(rx.recv());
+    assert_pending!(recv.poll());
+    tx.send(3, 3).await.unwrap();
+    assert!(recv.is_woken());
+    assert_pending!(recv.poll());
+    advance(MS10 - Duration::from_millis(1)).await;
+    assert!(!recv.is_woken());
+    advance(Duration::from_millis(1)).await;
+    assert!(recv.is_woken());
+    assert_eq!(assert_ready!(recv.poll()), Some(vec![(3, vec![3])]));
+    drop(recv);
+
+    // A value due at once, sent right after the receiver emptied the queue: woken at once.
+    let mut recv = task::spawn(rx.recv());
+    assert_pending!(recv.poll());
+    tx.send_by(4, 4, Instant::now()).await.unwrap();
+    assert!(recv.is_woken());
+    assert_eq!(assert_ready!(recv.poll()), Some(vec![(4, vec![4])]));
+    drop(recv);
+
+    // A due value sent between the timer firing and the receiver running joins the batch,
+    // after the key that was due first.
+    tx.send(5, 5).await.unwrap();
+    let mut recv = task::spawn(rx.recv());
+    assert_pending!(recv.poll());
+    advance(MS10).await;
+    tx.send_by(6, 6, Instant::now()).await.unwrap();
+    assert_eq!(
+        assert_ready!(recv.poll()),
+        Some(vec![(5, vec![5]), (6, vec![6])])
+    );
+}
+
+// ===== memory =====
+
+/// Bytes the whole process holds from the allocator now.
+fn live_bytes() -> isize {
+    let stats = GLOBAL.stats();
+    stats.bytes_allocated as isize - stats.bytes_deallocated as isize
+}
+
+/// Distinct keys for the memory test: a million, or fewer in debug builds.
+const KEYS: u64 = 1_000_000;
+
+/// After a million distinct keys have gone through and been delivered, memory falls back:
+/// the queue's reported capacity (keys and index entries) drops to a small figure, both
+/// after one burst and over waves of new keys with rising and falling ranks; and a channel
+/// that has delivered them all holds little more than a new one (allocator counts).
+#[test]
+fn memory_falls_back_after_a_million_keys() {
+    // One burst through the queue, in rising rank order (the FIFO index).
+    let mut q: SortedQueue<u64, u64, u8> = SortedQueue::new();
+    for key in 0..KEYS {
+        q.push(key, 0, key);
+    }
+    assert!(q.capacity().0 >= KEYS as usize);
+    while !q.pop_batch(10_000, |_| true).is_empty() {}
+    let (keys, index) = q.capacity();
+    assert!(
+        keys <= 128 && index <= 128,
+        "capacity after drain: {keys}, {index}"
+    );
+
+    // Waves of new keys with scattered ranks (the heap index): what stays allocated does
+    // not grow with the number of keys seen.
+    let wave = KEYS / 20;
+    for n in 0..20 {
+        for i in 0..wave {
+            let key = KEYS + n * wave + i;
+            q.push(key, 0, (i * 7_919) % wave);
+        }
+        while !q.pop_batch(5_000, |_| true).is_empty() {}
+        let (keys, index) = q.capacity();
+        assert!(
+            keys <= 128 && index <= 128,
+            "capacity after wave {n}: {keys}, {index}"
+        );
+    }
+
+    // The same through a channel, counted by the allocator.
+    let before = live_bytes();
+    let (tx, mut rx) = ordered::Builder::new()
+        .max_batch(10_000)
+        .build::<u64, u64, u8>();
+    for key in 0..KEYS {
+        tx.try_send(key % 1_000, key, 0).unwrap();
+    }
+    let peak = live_bytes() - before;
+    let mut delivered = 0;
+    while let Ok(batch) = rx.try_recv() {
+        delivered += batch.len() as u64;
+    }
+    assert_eq!(delivered, KEYS);
+    assert_eq!((rx.len(), rx.key_count()), (0, 0));
+    let retained = live_bytes() - before;
+    assert!(
+        peak > (KEYS * 32) as isize,
+        "peak {peak} bytes: the counter missed the keys"
+    );
+    assert!(
+        retained < 256 * 1024,
+        "{retained} bytes retained after delivering {KEYS} keys (peak {peak})"
+    );
+    drop((tx, rx));
+}

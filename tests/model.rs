@@ -1,0 +1,1228 @@
+//! Model-based tests: the `timed` and `ordered` channels and the synchronous `SortedQueue`
+//! against a reference model that is too simple to be wrong.
+//!
+//! The model is a plain `Vec` of pending keys, searched linearly. Random operation sequences
+//! run on the real thing and on the model side by side; after every step the outputs, the
+//! errors and the values handed back in errors must be equal.
+//!
+//! The channel tests drive `send` and `recv` futures on mock tasks (`tokio_test::task`), in
+//! paused time, so that they also check wake-ups: after the woken futures are polled, no
+//! future may be left waiting for something the model says it can have (a due batch, room,
+//! or a closed channel).
+//!
+//! Each model runs 2,000 cases by default. Set `SORTED_CHANNEL_CASES` for a longer run:
+//!
+//! ```text
+//! SORTED_CHANNEL_CASES=50000 cargo test --release --test model
+//! ```
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::fmt::Debug;
+use std::rc::Rc;
+use std::task::Poll;
+use std::time::Duration;
+
+use futures::future::LocalBoxFuture;
+use proptest::prelude::*;
+use proptest::test_runner::Config as ProptestConfig;
+use sorted_channel::error::{SendError, TryRecvError, TrySendError};
+use sorted_channel::queue::SortedQueue;
+use sorted_channel::{ordered, timed, Batch};
+use tokio::time::Instant;
+use tokio_test::task::{spawn, Spawn};
+
+type K = u8;
+type V = u32;
+
+/// Cases per model: 2,000, or `SORTED_CHANNEL_CASES`.
+fn config() -> ProptestConfig {
+    let cases = std::env::var("SORTED_CHANNEL_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(2_000);
+    ProptestConfig {
+        cases,
+        // Failing cases are kept as regular tests instead of regression files.
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+// ===== the reference model =====
+
+/// A pending key in the model.
+#[derive(Clone, Debug)]
+struct Entry<R> {
+    key: K,
+    values: Vec<V>,
+    rank: R,
+    /// When the key's current run of pending values started.
+    seq: u64,
+}
+
+/// The reference model of the queue: pending keys in a `Vec`, searched linearly.
+#[derive(Clone, Debug)]
+struct Model<R> {
+    entries: Vec<Entry<R>>,
+    clock: u64,
+}
+
+impl<R: Ord + Copy> Model<R> {
+    fn new() -> Self {
+        Model {
+            entries: Vec::new(),
+            clock: 0,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.entries.iter().map(|e| e.values.len()).sum()
+    }
+
+    fn key_count(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The key that comes out next: smallest rank, then earliest run.
+    fn front(&self) -> Option<usize> {
+        (0..self.entries.len()).min_by_key(|&i| (self.entries[i].rank, self.entries[i].seq))
+    }
+
+    fn front_rank(&self) -> Option<R> {
+        self.front().map(|i| self.entries[i].rank)
+    }
+
+    /// Adds `values` to `key`, behind its pending values or (`in_front`) before them. The
+    /// key's rank becomes the smaller of its rank and `rank(len)`, `len` counting the key's
+    /// values once they are in. Returns whether the key got a smaller rank (or is new) and
+    /// now comes out first.
+    fn insert(
+        &mut self,
+        key: K,
+        values: Vec<V>,
+        in_front: bool,
+        rank: impl FnOnce(usize) -> R,
+    ) -> bool {
+        if values.is_empty() {
+            return false;
+        }
+        self.clock += 1;
+        let lowered = match self.entries.iter_mut().find(|e| e.key == key) {
+            Some(entry) => {
+                let rank = rank(entry.values.len() + values.len());
+                if in_front {
+                    entry.values.splice(0..0, values);
+                } else {
+                    entry.values.extend(values);
+                }
+                let lowered = rank < entry.rank;
+                entry.rank = entry.rank.min(rank);
+                lowered
+            }
+            None => {
+                let rank = rank(values.len());
+                self.entries.push(Entry {
+                    key,
+                    values,
+                    rank,
+                    seq: self.clock,
+                });
+                true
+            }
+        };
+        lowered && self.entries[self.front().unwrap()].key == key
+    }
+
+    /// Takes due keys in order, at most `max` values; a key that does not fit is split.
+    fn pop(&mut self, max: usize, is_due: impl Fn(&R) -> bool) -> Vec<(K, Vec<V>)> {
+        let mut batch = Vec::new();
+        let mut room = max;
+        while room > 0 {
+            let Some(i) = self.front() else { break };
+            if !is_due(&self.entries[i].rank) {
+                break;
+            }
+            if self.entries[i].values.len() <= room {
+                let entry = self.entries.remove(i);
+                room -= entry.values.len();
+                batch.push((entry.key, entry.values));
+            } else {
+                let entry = &mut self.entries[i];
+                batch.push((entry.key, entry.values.drain(..room).collect()));
+                room = 0;
+            }
+        }
+        batch
+    }
+}
+
+// ===== SortedQueue =====
+
+/// An operation on the queue.
+#[derive(Clone, Debug)]
+enum QueueOp {
+    Push {
+        key: K,
+        rank: u16,
+    },
+    /// `push_with`, whose rank drops to `full_rank` once the key holds `full_at` values.
+    PushWith {
+        key: K,
+        rank: u16,
+        full_at: usize,
+        full_rank: u16,
+    },
+    Requeue {
+        key: K,
+        count: usize,
+        rank: u16,
+    },
+    /// `pop_batch(max, |rank| rank <= upto)`; no `upto` means everything is due.
+    Pop {
+        max: usize,
+        upto: Option<u16>,
+    },
+    /// Many pushes to one key, with ranks going down (every push makes a new index entry)
+    /// or up (the FIFO path).
+    Burst {
+        key: K,
+        count: u16,
+        start: u16,
+        down: bool,
+    },
+    /// Pushes to many new keys, with ranks going up.
+    Spread {
+        count: u16,
+        rank: u16,
+    },
+}
+
+fn queue_op() -> impl Strategy<Value = QueueOp> {
+    let key = 0..6u8;
+    let rank = 0..40u16;
+    prop_oneof![
+        6 => (key.clone(), rank.clone()).prop_map(|(key, rank)| QueueOp::Push { key, rank }),
+        2 => (key.clone(), rank.clone(), 1..5usize, rank.clone()).prop_map(
+            |(key, rank, full_at, full_rank)| QueueOp::PushWith { key, rank, full_at, full_rank }
+        ),
+        2 => (key.clone(), 0..4usize, rank.clone())
+            .prop_map(|(key, count, rank)| QueueOp::Requeue { key, count, rank }),
+        5 => (0..9usize, prop::option::of(0..45u16))
+            .prop_map(|(max, upto)| QueueOp::Pop { max, upto }),
+        1 => (key, 1..200u16, 0..400u16, any::<bool>())
+            .prop_map(|(key, count, start, down)| QueueOp::Burst { key, count, start, down }),
+        1 => (1..200u16, rank).prop_map(|(count, rank)| QueueOp::Spread { count, rank }),
+    ]
+}
+
+/// Runs one sequence on the queue and the model, comparing after every step.
+fn run_queue(ops: &[QueueOp]) {
+    let mut queue: SortedQueue<u16, K, V> = SortedQueue::new();
+    let mut model: Model<u16> = Model::new();
+    let mut next_value: V = 0;
+    let mut fresh = || {
+        next_value += 1;
+        next_value
+    };
+    // `Spread` takes keys 100 to 249 in turn, so its keys are new for a while.
+    let mut spread_key: u16 = 0;
+    for (step, op) in ops.iter().enumerate() {
+        match *op {
+            QueueOp::Push { key, rank } => {
+                let value = fresh();
+                let got = queue.push(key, value, rank);
+                let want = model.insert(key, vec![value], false, |_| rank);
+                assert_eq!(got, want, "step {step}: push leads");
+            }
+            QueueOp::PushWith {
+                key,
+                rank,
+                full_at,
+                full_rank,
+            } => {
+                let value = fresh();
+                let rank_of = |len: usize| if len >= full_at { full_rank } else { rank };
+                let got = queue.push_with(key, value, 1, |len, _| rank_of(len));
+                let want = model.insert(key, vec![value], false, rank_of);
+                assert_eq!(got, want, "step {step}: push_with leads");
+            }
+            QueueOp::Requeue { key, count, rank } => {
+                let values: Vec<V> = (0..count).map(|_| fresh()).collect();
+                let got = queue.requeue(key, values.clone(), rank);
+                let want = model.insert(key, values, true, |_| rank);
+                assert_eq!(got, want, "step {step}: requeue leads");
+            }
+            QueueOp::Pop { max, upto } => {
+                let due = |rank: &u16| upto.is_none_or(|upto| *rank <= upto);
+                let got = queue.pop_batch(max, due);
+                let want = model.pop(max, due);
+                assert_eq!(got, want, "step {step}: pop_batch");
+            }
+            QueueOp::Burst {
+                key,
+                count,
+                start,
+                down,
+            } => {
+                for i in 0..count {
+                    let rank = if down { start + 400 - i } else { start + i };
+                    let value = fresh();
+                    let got = queue.push(key, value, rank);
+                    let want = model.insert(key, vec![value], false, |_| rank);
+                    assert_eq!(got, want, "step {step}: burst push {i} leads");
+                }
+            }
+            QueueOp::Spread { count, rank } => {
+                for i in 0..count {
+                    spread_key = (spread_key + 1) % 150;
+                    let key = (100 + spread_key) as K;
+                    let value = fresh();
+                    let rank = rank + i;
+                    let got = queue.push(key, value, rank);
+                    let want = model.insert(key, vec![value], false, |_| rank);
+                    assert_eq!(got, want, "step {step}: spread push {i} leads");
+                }
+            }
+        }
+        assert_eq!(queue.len(), model.len(), "step {step}: len");
+        assert_eq!(
+            queue.key_count(),
+            model.key_count(),
+            "step {step}: key_count"
+        );
+        assert_eq!(queue.is_empty(), model.len() == 0, "step {step}: is_empty");
+        assert_eq!(
+            queue.peek_rank().copied(),
+            model.front_rank(),
+            "step {step}: peek_rank"
+        );
+    }
+    // Whatever is left comes out in model order, in batches of any size.
+    let got = queue.pop_batch(usize::MAX, |_| true);
+    let want = model.pop(usize::MAX, |_| true);
+    assert_eq!(got, want, "final drain");
+    assert!(queue.is_empty());
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// `SortedQueue` agrees with the model on every push, requeue and pop: batch contents,
+    /// order, ties, splits, `push`'s "now leads" answer, `len`, `key_count` and `peek_rank`.
+    #[test]
+    fn queue_matches_model(ops in prop::collection::vec(queue_op(), 0..60)) {
+        run_queue(&ops);
+    }
+}
+
+// ===== channels =====
+
+/// Builder limits; `None` leaves a limit off.
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    max_batch: Option<usize>,
+    capacity: Option<usize>,
+    per_key: Option<usize>,
+}
+
+impl Limits {
+    fn max_batch(&self) -> usize {
+        self.max_batch.unwrap_or(usize::MAX)
+    }
+
+    fn capacity(&self) -> usize {
+        self.capacity.unwrap_or(usize::MAX)
+    }
+
+    fn per_key(&self) -> usize {
+        self.per_key.unwrap_or(usize::MAX)
+    }
+}
+
+fn limits(per_key: bool) -> impl Strategy<Value = Limits> {
+    let per_key = if per_key {
+        prop::option::of(1..5usize).boxed()
+    } else {
+        Just(None).boxed()
+    };
+    (
+        prop::option::of(1..6usize),
+        prop::option::of(1..7usize),
+        per_key,
+    )
+        .prop_map(|(max_batch, capacity, per_key)| Limits {
+            max_batch,
+            capacity,
+            per_key,
+        })
+}
+
+/// An operation on a channel. Handle indexes wrap around the live handles; an operation
+/// with no handle to act on does nothing.
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    /// `try_send` (`plain`) or `try_send_by`; `input` is the sort key in `ordered`, or the
+    /// deadline (`now + input - 20` ms) in `timed`.
+    TrySend {
+        tx: usize,
+        key: K,
+        input: u8,
+        plain: bool,
+    },
+    /// `send` or `send_by` on a mock task: it may wait for room.
+    Send {
+        tx: usize,
+        key: K,
+        input: u8,
+        plain: bool,
+    },
+    /// Drops a waiting `send` future.
+    CancelSend(usize),
+    /// Advances paused time by this many milliseconds.
+    Advance(u8),
+    TryRecv(usize),
+    /// `recv` on a mock task: it may wait for a batch.
+    Recv(usize),
+    /// Drops a waiting `recv` future.
+    CancelRecv(usize),
+    /// Requeues a batch entry delivered earlier (or nothing, if none is left).
+    Requeue {
+        rx: usize,
+        pick: usize,
+        input: u8,
+    },
+    Close(usize),
+    CloneTx(usize),
+    DropTx(usize),
+    CloneRx(usize),
+    DropRx(usize),
+    /// Polls every woken future until none is woken, then checks that none was forgotten.
+    Settle,
+}
+
+/// Operations that never close the channel.
+fn open_op() -> impl Strategy<Value = Op> {
+    let ix = 0..4usize;
+    let key = 0..5u8;
+    let input = 0..=70u8;
+    prop_oneof![
+        16 => (ix.clone(), key.clone(), input.clone(), any::<bool>())
+            .prop_map(|(tx, key, input, plain)| Op::TrySend { tx, key, input, plain }),
+        14 => (ix.clone(), key, input.clone(), any::<bool>())
+            .prop_map(|(tx, key, input, plain)| Op::Send { tx, key, input, plain }),
+        2 => ix.clone().prop_map(Op::CancelSend),
+        12 => (0..=50u8).prop_map(Op::Advance),
+        12 => ix.clone().prop_map(Op::TryRecv),
+        8 => ix.clone().prop_map(Op::Recv),
+        2 => ix.clone().prop_map(Op::CancelRecv),
+        5 => (ix.clone(), 0..8usize, input)
+            .prop_map(|(rx, pick, input)| Op::Requeue { rx, pick, input }),
+        3 => ix.clone().prop_map(Op::CloneTx),
+        3 => ix.prop_map(Op::CloneRx),
+        10 => Just(Op::Settle),
+    ]
+}
+
+/// Any operation, closing ones included.
+fn op() -> impl Strategy<Value = Op> {
+    let ix = 0..4usize;
+    prop_oneof![
+        12 => open_op(),
+        1 => ix.clone().prop_map(Op::Close),
+        1 => ix.clone().prop_map(Op::DropTx),
+        1 => ix.prop_map(Op::DropRx),
+    ]
+}
+
+/// A sequence: a run on an open channel, then a tail where anything may happen. Most
+/// closing happens in the tail, so most of a sequence exercises an open channel.
+fn ops() -> impl Strategy<Value = Vec<Op>> {
+    (
+        prop::collection::vec(open_op(), 0..80),
+        prop::collection::vec(op(), 0..40),
+    )
+        .prop_map(|(mut open, tail)| {
+            open.extend(tail);
+            open
+        })
+}
+
+/// What a refused `try_send` hands back, in a form whose `Debug` shows the value.
+#[derive(Debug, PartialEq)]
+enum Refused<T> {
+    Full(T),
+    Closed(T),
+}
+
+fn refused<T>(err: TrySendError<T>) -> Refused<T> {
+    match err {
+        TrySendError::Full(item) => Refused::Full(item),
+        TrySendError::Closed(item) => Refused::Closed(item),
+    }
+}
+
+type Fut<T> = LocalBoxFuture<'static, T>;
+
+/// A `recv` future on a mock task.
+type RecvTask = Spawn<Fut<Option<Batch<K, V>>>>;
+
+/// One channel flavour, as the harness drives it and the model ranks it.
+trait Flavour {
+    /// The model's rank.
+    type Rank: Ord + Copy + Debug;
+    /// A send's input, fixed when the call is made.
+    type Arg: Copy + Debug;
+    /// What a refused send hands back.
+    type Item: PartialEq + Debug;
+    /// What a refused requeue hands back.
+    type Back: PartialEq + Debug;
+    type Tx: Clone + 'static;
+    type Rx: Clone + 'static;
+
+    fn build(&self, limits: &Limits) -> (Self::Tx, Self::Rx);
+    fn arg(&self, input: u8, plain: bool, now: u64) -> Self::Arg;
+    /// The rank of a value that enters at `now`, its key then holding `key_len` values.
+    fn rank(&self, arg: Self::Arg, now: u64, key_len: usize, limits: &Limits) -> Self::Rank;
+    fn requeue_rank(&self, arg: Self::Arg, now: u64) -> Self::Rank;
+    fn is_due(rank: &Self::Rank, now: u64) -> bool;
+    fn item(arg: Self::Arg, key: K, value: V) -> Self::Item;
+    fn back(arg: Self::Arg, key: K, values: Vec<V>) -> Self::Back;
+    fn try_send(
+        &self,
+        tx: &Self::Tx,
+        arg: Self::Arg,
+        key: K,
+        value: V,
+    ) -> Result<(), TrySendError<Self::Item>>;
+    fn send(
+        &self,
+        tx: Self::Tx,
+        arg: Self::Arg,
+        key: K,
+        value: V,
+    ) -> Fut<Result<(), SendError<Self::Item>>>;
+    fn requeue(
+        rx: &Self::Rx,
+        arg: Self::Arg,
+        key: K,
+        values: Vec<V>,
+    ) -> Result<(), SendError<Self::Back>>;
+    fn recv(rx: Rc<RefCell<Self::Rx>>) -> Fut<Option<Batch<K, V>>>;
+    fn try_recv(rx: &mut Self::Rx) -> Result<Batch<K, V>, TryRecvError>;
+    fn close(rx: &Self::Rx);
+    /// `len`, `key_count` and `is_closed` of a receiver.
+    fn rx_state(rx: &Self::Rx) -> (usize, usize, bool);
+    /// `len` and `is_closed` of a sender.
+    fn tx_state(tx: &Self::Tx) -> (usize, bool);
+    /// The receiver's `next_deadline`, and what the model says it is.
+    fn deadlines(
+        &self,
+        rx: &Self::Rx,
+        front: Option<Self::Rank>,
+    ) -> (Option<Instant>, Option<Instant>);
+}
+
+/// `timed`: ranks are deadlines, in milliseconds since the case began.
+struct Timed {
+    window: u64,
+    base: Instant,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Due {
+    Window,
+    By(u64),
+}
+
+impl Timed {
+    fn at(&self, ms: u64) -> Instant {
+        self.base + Duration::from_millis(ms)
+    }
+}
+
+impl Flavour for Timed {
+    type Rank = u64;
+    type Arg = Due;
+    type Item = (K, V);
+    type Back = (K, Vec<V>);
+    type Tx = timed::Sender<K, V>;
+    type Rx = timed::Receiver<K, V>;
+
+    fn build(&self, limits: &Limits) -> (Self::Tx, Self::Rx) {
+        let mut builder = timed::Builder::new(Duration::from_millis(self.window));
+        if let Some(n) = limits.max_batch {
+            builder = builder.max_batch(n);
+        }
+        if let Some(n) = limits.capacity {
+            builder = builder.capacity(n);
+        }
+        if let Some(n) = limits.per_key {
+            builder = builder.max_values_per_key(n);
+        }
+        builder.build()
+    }
+
+    fn arg(&self, input: u8, plain: bool, now: u64) -> Due {
+        match plain {
+            true => Due::Window,
+            false => Due::By((now + u64::from(input)).saturating_sub(20)),
+        }
+    }
+
+    fn rank(&self, due: Due, now: u64, key_len: usize, limits: &Limits) -> u64 {
+        let deadline = match due {
+            Due::Window => now + self.window,
+            Due::By(at) => at,
+        };
+        match key_len >= limits.per_key() {
+            true => deadline.min(now),
+            false => deadline,
+        }
+    }
+
+    fn requeue_rank(&self, _: Due, now: u64) -> u64 {
+        now
+    }
+
+    fn is_due(deadline: &u64, now: u64) -> bool {
+        *deadline <= now
+    }
+
+    fn item(_: Due, key: K, value: V) -> (K, V) {
+        (key, value)
+    }
+
+    fn back(_: Due, key: K, values: Vec<V>) -> (K, Vec<V>) {
+        (key, values)
+    }
+
+    fn try_send(
+        &self,
+        tx: &Self::Tx,
+        due: Due,
+        key: K,
+        value: V,
+    ) -> Result<(), TrySendError<(K, V)>> {
+        match due {
+            Due::Window => tx.try_send(key, value),
+            Due::By(at) => tx.try_send_by(key, value, self.at(at)),
+        }
+    }
+
+    fn send(&self, tx: Self::Tx, due: Due, key: K, value: V) -> Fut<Result<(), SendError<(K, V)>>> {
+        let deadline = match due {
+            Due::Window => None,
+            Due::By(at) => Some(self.at(at)),
+        };
+        Box::pin(async move {
+            match deadline {
+                None => tx.send(key, value).await,
+                Some(deadline) => tx.send_by(key, value, deadline).await,
+            }
+        })
+    }
+
+    fn requeue(
+        rx: &Self::Rx,
+        _: Due,
+        key: K,
+        values: Vec<V>,
+    ) -> Result<(), SendError<(K, Vec<V>)>> {
+        rx.requeue(key, values)
+    }
+
+    // The borrow is held across the await on purpose: the future owns the receiver's use
+    // until it completes or is dropped, and the harness touches only idle receivers.
+    #[allow(clippy::await_holding_refcell_ref)]
+    fn recv(rx: Rc<RefCell<Self::Rx>>) -> Fut<Option<Batch<K, V>>> {
+        Box::pin(async move { rx.borrow_mut().recv().await })
+    }
+
+    fn try_recv(rx: &mut Self::Rx) -> Result<Batch<K, V>, TryRecvError> {
+        rx.try_recv()
+    }
+
+    fn close(rx: &Self::Rx) {
+        rx.close();
+    }
+
+    fn rx_state(rx: &Self::Rx) -> (usize, usize, bool) {
+        (rx.len(), rx.key_count(), rx.is_closed())
+    }
+
+    fn tx_state(tx: &Self::Tx) -> (usize, bool) {
+        (tx.len(), tx.is_closed())
+    }
+
+    fn deadlines(&self, rx: &Self::Rx, front: Option<u64>) -> (Option<Instant>, Option<Instant>) {
+        (rx.next_deadline(), front.map(|ms| self.at(ms)))
+    }
+}
+
+/// `ordered`: ranks are sort keys, and every key is due at once.
+struct Ordered;
+
+impl Flavour for Ordered {
+    type Rank = u8;
+    type Arg = u8;
+    type Item = (u8, K, V);
+    type Back = (u8, K, Vec<V>);
+    type Tx = ordered::Sender<u8, K, V>;
+    type Rx = ordered::Receiver<u8, K, V>;
+
+    fn build(&self, limits: &Limits) -> (Self::Tx, Self::Rx) {
+        let mut builder = ordered::Builder::new();
+        if let Some(n) = limits.max_batch {
+            builder = builder.max_batch(n);
+        }
+        if let Some(n) = limits.capacity {
+            builder = builder.capacity(n);
+        }
+        builder.build()
+    }
+
+    fn arg(&self, input: u8, _: bool, _: u64) -> u8 {
+        input % 8
+    }
+
+    fn rank(&self, sort_key: u8, _: u64, _: usize, _: &Limits) -> u8 {
+        sort_key
+    }
+
+    fn requeue_rank(&self, sort_key: u8, _: u64) -> u8 {
+        sort_key
+    }
+
+    fn is_due(_: &u8, _: u64) -> bool {
+        true
+    }
+
+    fn item(sort_key: u8, key: K, value: V) -> (u8, K, V) {
+        (sort_key, key, value)
+    }
+
+    fn back(sort_key: u8, key: K, values: Vec<V>) -> (u8, K, Vec<V>) {
+        (sort_key, key, values)
+    }
+
+    fn try_send(
+        &self,
+        tx: &Self::Tx,
+        sort_key: u8,
+        key: K,
+        value: V,
+    ) -> Result<(), TrySendError<(u8, K, V)>> {
+        tx.try_send(sort_key, key, value)
+    }
+
+    fn send(
+        &self,
+        tx: Self::Tx,
+        sort_key: u8,
+        key: K,
+        value: V,
+    ) -> Fut<Result<(), SendError<(u8, K, V)>>> {
+        Box::pin(async move { tx.send(sort_key, key, value).await })
+    }
+
+    fn requeue(
+        rx: &Self::Rx,
+        sort_key: u8,
+        key: K,
+        values: Vec<V>,
+    ) -> Result<(), SendError<(u8, K, Vec<V>)>> {
+        rx.requeue(sort_key, key, values)
+    }
+
+    // As for `Timed::recv`.
+    #[allow(clippy::await_holding_refcell_ref)]
+    fn recv(rx: Rc<RefCell<Self::Rx>>) -> Fut<Option<Batch<K, V>>> {
+        Box::pin(async move { rx.borrow_mut().recv().await })
+    }
+
+    fn try_recv(rx: &mut Self::Rx) -> Result<Batch<K, V>, TryRecvError> {
+        rx.try_recv()
+    }
+
+    fn close(rx: &Self::Rx) {
+        rx.close();
+    }
+
+    fn rx_state(rx: &Self::Rx) -> (usize, usize, bool) {
+        (rx.len(), rx.key_count(), rx.is_closed())
+    }
+
+    fn tx_state(tx: &Self::Tx) -> (usize, bool) {
+        (tx.len(), tx.is_closed())
+    }
+
+    fn deadlines(&self, _: &Self::Rx, _: Option<u8>) -> (Option<Instant>, Option<Instant>) {
+        (None, None)
+    }
+}
+
+/// A `send` future that is waiting for room, with what it carries.
+struct WaitingSend<F: Flavour> {
+    task: Spawn<Fut<Result<(), SendError<F::Item>>>>,
+    arg: F::Arg,
+    key: K,
+    value: V,
+}
+
+/// A receiver and its `recv` future, if one is waiting.
+struct RxSlot<F: Flavour> {
+    rx: Rc<RefCell<F::Rx>>,
+    recv: Option<RecvTask>,
+}
+
+/// The real channel, its handles and futures, and the model of what they should do.
+struct Harness<F: Flavour> {
+    fl: F,
+    limits: Limits,
+    /// Milliseconds since the case began.
+    now: u64,
+    base: Instant,
+    model: Model<F::Rank>,
+    closed: bool,
+    /// A receiver has seen the end of the stream.
+    terminated: bool,
+    /// Live `Sender` values: the handles in `txs`, plus the clone inside each waiting send.
+    senders: usize,
+    txs: Vec<F::Tx>,
+    rxs: Vec<RxSlot<F>>,
+    /// Waiting sends, first come first served.
+    sends: VecDeque<WaitingSend<F>>,
+    /// Batch entries delivered so far, for `requeue`.
+    delivered: Vec<(K, Vec<V>)>,
+    next_value: V,
+    step: usize,
+}
+
+impl<F: Flavour> Harness<F> {
+    fn new(fl: F, limits: Limits) -> Self {
+        let (tx, rx) = fl.build(&limits);
+        Harness {
+            fl,
+            limits,
+            now: 0,
+            base: Instant::now(),
+            model: Model::new(),
+            closed: false,
+            terminated: false,
+            senders: 1,
+            txs: vec![tx],
+            rxs: vec![RxSlot {
+                rx: Rc::new(RefCell::new(rx)),
+                recv: None,
+            }],
+            sends: VecDeque::new(),
+            delivered: Vec::new(),
+            next_value: 0,
+            step: 0,
+        }
+    }
+
+    fn fresh(&mut self) -> V {
+        self.next_value += 1;
+        self.next_value
+    }
+
+    /// A receiver with no `recv` in flight, starting the search at `ix`.
+    fn idle_rx(&self, ix: usize) -> Option<usize> {
+        let n = self.rxs.len();
+        (0..n)
+            .map(|i| (ix + i) % n)
+            .find(|&i| self.rxs[i].recv.is_none())
+    }
+
+    /// A value enters the channel now.
+    fn enter(&mut self, arg: F::Arg, key: K, value: V) {
+        let (fl, now, limits) = (&self.fl, self.now, &self.limits);
+        self.model.insert(key, vec![value], false, |len| {
+            fl.rank(arg, now, len, limits)
+        });
+    }
+
+    /// A `Sender` value was dropped.
+    fn sender_gone(&mut self) {
+        self.senders -= 1;
+        if self.senders == 0 {
+            self.closed = true;
+        }
+    }
+
+    /// What a receiver gets now: `None` if it must wait, `Some(None)` at the end of the
+    /// stream, else the batch (taken from the model).
+    fn take_batch(&mut self) -> Option<Option<Batch<K, V>>> {
+        let (closed, now) = (self.closed, self.now);
+        let batch = self.model.pop(self.limits.max_batch(), |rank| {
+            closed || F::is_due(rank, now)
+        });
+        if !batch.is_empty() {
+            self.delivered.extend(batch.iter().cloned());
+            Some(Some(batch))
+        } else if closed {
+            self.terminated = true;
+            Some(None)
+        } else {
+            None
+        }
+    }
+
+    /// What the waiting send at `at` gets when polled now: `None` if it must wait.
+    fn send_outcome(&self, at: usize) -> Option<Result<(), F::Item>> {
+        let send = &self.sends[at];
+        if self.closed {
+            Some(Err(F::item(send.arg, send.key, send.value)))
+        } else if at == 0 && self.model.len() < self.limits.capacity() {
+            Some(Ok(()))
+        } else {
+            None
+        }
+    }
+
+    fn step(&mut self, op: Op) {
+        let step = self.step;
+        match op {
+            Op::TrySend {
+                tx,
+                key,
+                input,
+                plain,
+            } => {
+                if self.txs.is_empty() {
+                    return;
+                }
+                let value = self.fresh();
+                let arg = self.fl.arg(input, plain, self.now);
+                let tx = &self.txs[tx % self.txs.len()];
+                let got = self.fl.try_send(tx, arg, key, value).map_err(refused);
+                let want = if self.closed {
+                    Err(Refused::Closed(F::item(arg, key, value)))
+                } else if self.model.len() >= self.limits.capacity() || !self.sends.is_empty() {
+                    Err(Refused::Full(F::item(arg, key, value)))
+                } else {
+                    self.enter(arg, key, value);
+                    Ok(())
+                };
+                assert_eq!(got, want, "step {step}: try_send");
+            }
+            Op::Send {
+                tx,
+                key,
+                input,
+                plain,
+            } => {
+                if self.txs.is_empty() {
+                    return;
+                }
+                let tx = self.txs[tx % self.txs.len()].clone();
+                self.senders += 1;
+                let arg = self.fl.arg(input, plain, self.now);
+                let value = self.fresh();
+                let mut task = spawn(self.fl.send(tx, arg, key, value));
+                let got = task.poll().map(|res| res.map_err(|err| err.0));
+                let want = if self.closed {
+                    Poll::Ready(Err(F::item(arg, key, value)))
+                } else if self.sends.is_empty() && self.model.len() < self.limits.capacity() {
+                    self.enter(arg, key, value);
+                    Poll::Ready(Ok(()))
+                } else {
+                    Poll::Pending
+                };
+                assert_eq!(got, want, "step {step}: send");
+                match got {
+                    Poll::Ready(_) => self.sender_gone(),
+                    Poll::Pending => self.sends.push_back(WaitingSend {
+                        task,
+                        arg,
+                        key,
+                        value,
+                    }),
+                }
+            }
+            Op::CancelSend(ix) => {
+                if self.sends.is_empty() {
+                    return;
+                }
+                let at = ix % self.sends.len();
+                drop(self.sends.remove(at));
+                self.sender_gone();
+            }
+            Op::Advance(_) => unreachable!("advanced by the caller"),
+            Op::TryRecv(ix) => {
+                let Some(at) = self.idle_rx(ix) else { return };
+                let got = F::try_recv(&mut self.rxs[at].rx.borrow_mut());
+                let want = match self.take_batch() {
+                    Some(Some(batch)) => Ok(batch),
+                    Some(None) => Err(TryRecvError::Disconnected),
+                    None => Err(TryRecvError::Empty),
+                };
+                assert_eq!(got, want, "step {step}: try_recv");
+            }
+            Op::Recv(ix) => {
+                let Some(at) = self.idle_rx(ix) else { return };
+                let mut task = spawn(F::recv(Rc::clone(&self.rxs[at].rx)));
+                let got = task.poll();
+                let want = match self.take_batch() {
+                    Some(out) => Poll::Ready(out),
+                    None => Poll::Pending,
+                };
+                assert_eq!(got, want, "step {step}: recv");
+                if got.is_pending() {
+                    self.rxs[at].recv = Some(task);
+                }
+            }
+            Op::CancelRecv(ix) => {
+                let waiting: Vec<usize> = (0..self.rxs.len())
+                    .filter(|&i| self.rxs[i].recv.is_some())
+                    .collect();
+                if let Some(&at) = waiting.get(ix % waiting.len().max(1)) {
+                    self.rxs[at].recv = None;
+                }
+            }
+            Op::Requeue { rx, pick, input } => {
+                let Some(at) = self.idle_rx(rx) else { return };
+                let (key, values) = match self.delivered.is_empty() {
+                    true => ((pick % 5) as K, Vec::new()),
+                    false => self.delivered.swap_remove(pick % self.delivered.len()),
+                };
+                let arg = self.fl.arg(input, false, self.now);
+                let got = F::requeue(&self.rxs[at].rx.borrow(), arg, key, values.clone())
+                    .map_err(|err| err.0);
+                let want = if self.terminated {
+                    Err(F::back(arg, key, values))
+                } else {
+                    let rank = self.fl.requeue_rank(arg, self.now);
+                    self.model.insert(key, values, true, |_| rank);
+                    Ok(())
+                };
+                assert_eq!(got, want, "step {step}: requeue");
+            }
+            Op::Close(ix) => {
+                let Some(at) = self.idle_rx(ix) else { return };
+                F::close(&self.rxs[at].rx.borrow());
+                self.closed = true;
+            }
+            Op::CloneTx(ix) => {
+                if self.txs.is_empty() {
+                    return;
+                }
+                let tx = self.txs[ix % self.txs.len()].clone();
+                self.txs.push(tx);
+                self.senders += 1;
+            }
+            Op::DropTx(ix) => {
+                if self.txs.is_empty() {
+                    return;
+                }
+                drop(self.txs.remove(ix % self.txs.len()));
+                self.sender_gone();
+            }
+            Op::CloneRx(ix) => {
+                let Some(at) = self.idle_rx(ix) else { return };
+                let rx = self.rxs[at].rx.borrow().clone();
+                self.rxs.push(RxSlot {
+                    rx: Rc::new(RefCell::new(rx)),
+                    recv: None,
+                });
+            }
+            Op::DropRx(ix) => {
+                if self.rxs.is_empty() {
+                    return;
+                }
+                let slot = self.rxs.remove(ix % self.rxs.len());
+                // Cancel its `recv` first, then drop the receiver itself.
+                drop(slot.recv);
+                drop(slot.rx);
+                if self.rxs.is_empty() {
+                    // No one can receive: sends fail, and what was pending is dropped.
+                    self.closed = true;
+                    self.model.entries.clear();
+                }
+            }
+            Op::Settle => self.settle(),
+        }
+    }
+
+    /// Polls woken futures until none is woken, comparing each outcome with the model, and
+    /// then checks that no waiting future was forgotten.
+    fn settle(&mut self) {
+        let step = self.step;
+        loop {
+            let mut progress = false;
+            let mut at = 0;
+            while at < self.sends.len() {
+                if !self.sends[at].task.is_woken() {
+                    at += 1;
+                    continue;
+                }
+                let got = self.sends[at].task.poll().map(|res| res.map_err(|e| e.0));
+                let want = match self.send_outcome(at) {
+                    Some(out) => Poll::Ready(out),
+                    None => Poll::Pending,
+                };
+                assert_eq!(got, want, "step {step}: woken send {at}");
+                if got.is_ready() {
+                    let send = self.sends.remove(at).expect("polled send is listed");
+                    if !self.closed {
+                        self.enter(send.arg, send.key, send.value);
+                    }
+                    self.sender_gone();
+                    progress = true;
+                } else {
+                    at += 1;
+                }
+            }
+            for at in 0..self.rxs.len() {
+                let Some(task) = &mut self.rxs[at].recv else {
+                    continue;
+                };
+                if !task.is_woken() {
+                    continue;
+                }
+                let got = task.poll();
+                let want = match self.take_batch() {
+                    Some(out) => Poll::Ready(out),
+                    None => Poll::Pending,
+                };
+                assert_eq!(got, want, "step {step}: woken recv on receiver {at}");
+                if got.is_ready() {
+                    self.rxs[at].recv = None;
+                    progress = true;
+                }
+            }
+            if !progress {
+                break;
+            }
+        }
+        // Nothing is woken now. A future that could go on must not be left waiting.
+        for at in 0..self.sends.len() {
+            assert_eq!(
+                self.send_outcome(at).map(|out| out.is_ok()),
+                None,
+                "step {step}: send {at} can go on but was not woken"
+            );
+        }
+        let batch_ready = self.closed
+            || self
+                .model
+                .front_rank()
+                .is_some_and(|rank| F::is_due(&rank, self.now));
+        let waiting = self.rxs.iter().filter(|slot| slot.recv.is_some()).count();
+        assert!(
+            !(batch_ready && waiting > 0),
+            "step {step}: a batch is ready but none of {waiting} waiting receivers was woken"
+        );
+    }
+
+    /// Compares what the handles report with the model.
+    fn check(&self) {
+        let step = self.step;
+        assert_eq!(
+            Instant::now(),
+            self.base + Duration::from_millis(self.now),
+            "step {step}: paused clock"
+        );
+        for tx in &self.txs {
+            assert_eq!(
+                F::tx_state(tx),
+                (self.model.len(), self.closed),
+                "step {step}: sender len, is_closed"
+            );
+        }
+        for slot in self.rxs.iter().filter(|slot| slot.recv.is_none()) {
+            let rx = slot.rx.borrow();
+            let want = (self.model.len(), self.model.key_count(), self.closed);
+            assert_eq!(
+                F::rx_state(&rx),
+                want,
+                "step {step}: receiver len, key_count, is_closed"
+            );
+            let (got, want) = self.fl.deadlines(&rx, self.model.front_rank());
+            assert_eq!(got, want, "step {step}: next_deadline");
+        }
+    }
+
+    /// Closes the channel and drains it with `try_recv`, which must give exactly what the
+    /// model holds and then `Disconnected`.
+    fn finish(&mut self) {
+        self.settle();
+        for slot in &mut self.rxs {
+            slot.recv = None;
+        }
+        let Some(slot) = self.rxs.first() else {
+            return;
+        };
+        F::close(&slot.rx.borrow());
+        self.closed = true;
+        self.settle();
+        assert!(self.sends.is_empty(), "waiting sends outlived the close");
+        loop {
+            let got = F::try_recv(&mut self.rxs[0].rx.borrow_mut());
+            let want = match self.take_batch() {
+                Some(Some(batch)) => Ok(batch),
+                Some(None) => Err(TryRecvError::Disconnected),
+                None => Err(TryRecvError::Empty),
+            };
+            assert_eq!(got, want, "final drain");
+            if got.is_err() {
+                break;
+            }
+        }
+    }
+}
+
+/// Runs one sequence in a fresh paused runtime.
+fn run_channel<F: Flavour>(make: impl FnOnce(Instant) -> F, limits: Limits, ops: Vec<Op>) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        let mut h = Harness::new(make(Instant::now()), limits);
+        for (step, op) in ops.into_iter().enumerate() {
+            h.step = step;
+            match op {
+                Op::Advance(ms) => {
+                    tokio::time::advance(Duration::from_millis(u64::from(ms))).await;
+                    h.now += u64::from(ms);
+                }
+                op => h.step(op),
+            }
+            h.check();
+        }
+        h.finish();
+    });
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// The `timed` channel agrees with the model: batches (due keys in deadline order, ties
+    /// to the earlier run, `max_batch` splits, `max_values_per_key`), `try_send` Full and
+    /// Closed with the value handed back, waiting `send` (first come first served, woken
+    /// for room, failed with its value on close), `recv` woken when a batch is due or the
+    /// channel closes, `requeue` before and after the end, closing by `close` or by
+    /// dropping every sender or receiver, `len`, `key_count` and `next_deadline`.
+    #[test]
+    fn timed_matches_model(
+        window in prop_oneof![0..=50u64, Just(1_000u64)],
+        limits in limits(true),
+        ops in ops(),
+    ) {
+        run_channel(|base| Timed { window, base }, limits, ops);
+    }
+
+    /// The `ordered` channel agrees with the model, as `timed_matches_model` checks it,
+    /// with sort keys for ranks and every key due at once.
+    #[test]
+    fn ordered_matches_model(
+        limits in limits(false),
+        ops in ops(),
+    ) {
+        run_channel(|_| Ordered, limits, ops);
+    }
+}

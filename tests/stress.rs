@@ -1,0 +1,705 @@
+//! Concurrency stress on the multi-thread runtime: many producers, several cloned
+//! receivers, `recv` cancelled at random, random `requeue`, bounded channels whose senders
+//! wait, and senders dropped in the middle of heavy traffic.
+//!
+//! Every run checks exactly-once delivery: the values taken out are exactly the values
+//! sent, none lost, none twice. Runs without `requeue` also check order: within a batch, a
+//! key's values from one producer are consecutive and ascending, which (with exactly-once)
+//! means each producer's values of a key came out in order. A single receiver that
+//! requeues must still process each producer's values of a key in order.
+//!
+//! These tests use real time (short sleeps race `recv`), and each run is bounded by a
+//! timeout, so a deadlock fails rather than hangs. Op counts are smaller in debug builds;
+//! the figures are in `SCALE`.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sorted_channel::{ordered, timed, Batch};
+use tokio::task::JoinHandle;
+use tokio::time::{sleep, timeout, Instant};
+
+type Key = u16;
+
+/// Values sent per producer: a run takes a few seconds either way.
+const PER_PRODUCER: usize = if cfg!(debug_assertions) {
+    50_000
+} else {
+    250_000
+};
+
+/// How long a run may take before it counts as a deadlock.
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// One value: who sent it, its place in that producer's sends, and its place among that
+/// producer's sends to the same key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct Item {
+    producer: u32,
+    seq: u32,
+    nth: u32,
+}
+
+/// A small, fast, seeded random number generator (SplitMix64).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The key a producer's `seq`-th value goes to: a fixed function, so checks can recompute it.
+fn key_of(producer: u32, seq: u32, keys: Key) -> Key {
+    let mut rng = Rng((u64::from(producer) << 32) | u64::from(seq));
+    (rng.next() % u64::from(keys)) as Key
+}
+
+/// A channel flavour as the stress runs drive it.
+trait Chan: Send + Sync + 'static {
+    type Tx: Clone + Send + Sync + 'static;
+    type Rx: Clone + Send + 'static;
+
+    fn build(&self) -> (Self::Tx, Self::Rx);
+    /// Sends a value, choosing the rank from `r`. `false` if the channel is closed.
+    fn send(tx: &Self::Tx, key: Key, item: Item, r: u64) -> impl Future<Output = bool> + Send + '_;
+    /// As `send`, blocking the thread.
+    fn blocking_send(tx: &Self::Tx, key: Key, item: Item, r: u64) -> bool;
+    fn recv(rx: &mut Self::Rx) -> impl Future<Output = Option<Batch<Key, Item>>> + Send + '_;
+    /// Requeues; on refusal hands the key and values back.
+    fn requeue(rx: &Self::Rx, key: Key, items: Vec<Item>) -> Result<(), (Key, Vec<Item>)>;
+    fn max_batch(&self) -> usize;
+}
+
+/// A `timed` channel with a short window; some values carry a tighter deadline.
+struct Timed {
+    window: Duration,
+    capacity: usize,
+    max_batch: usize,
+    per_key: usize,
+}
+
+impl Chan for Timed {
+    type Tx = timed::Sender<Key, Item>;
+    type Rx = timed::Receiver<Key, Item>;
+
+    fn build(&self) -> (Self::Tx, Self::Rx) {
+        timed::Builder::new(self.window)
+            .capacity(self.capacity)
+            .max_batch(self.max_batch)
+            .max_values_per_key(self.per_key)
+            .build()
+    }
+
+    async fn send(tx: &Self::Tx, key: Key, item: Item, r: u64) -> bool {
+        let sent = match r % 4 {
+            0 => tx.send_by(key, item, Instant::now()).await,
+            _ => tx.send(key, item).await,
+        };
+        sent.is_ok()
+    }
+
+    fn blocking_send(tx: &Self::Tx, key: Key, item: Item, _: u64) -> bool {
+        tx.blocking_send(key, item).is_ok()
+    }
+
+    async fn recv(rx: &mut Self::Rx) -> Option<Batch<Key, Item>> {
+        rx.recv().await
+    }
+
+    fn requeue(rx: &Self::Rx, key: Key, items: Vec<Item>) -> Result<(), (Key, Vec<Item>)> {
+        rx.requeue(key, items).map_err(|err| err.0)
+    }
+
+    fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+}
+
+/// An `ordered` channel with random sort keys.
+struct Ordered {
+    capacity: usize,
+    max_batch: usize,
+}
+
+impl Chan for Ordered {
+    type Tx = ordered::Sender<u8, Key, Item>;
+    type Rx = ordered::Receiver<u8, Key, Item>;
+
+    fn build(&self) -> (Self::Tx, Self::Rx) {
+        ordered::Builder::new()
+            .capacity(self.capacity)
+            .max_batch(self.max_batch)
+            .build()
+    }
+
+    async fn send(tx: &Self::Tx, key: Key, item: Item, r: u64) -> bool {
+        tx.send((r % 16) as u8, key, item).await.is_ok()
+    }
+
+    fn blocking_send(tx: &Self::Tx, key: Key, item: Item, r: u64) -> bool {
+        tx.blocking_send((r % 16) as u8, key, item).is_ok()
+    }
+
+    async fn recv(rx: &mut Self::Rx) -> Option<Batch<Key, Item>> {
+        rx.recv().await
+    }
+
+    fn requeue(rx: &Self::Rx, key: Key, items: Vec<Item>) -> Result<(), (Key, Vec<Item>)> {
+        // Sort key 0: a failed delivery goes first.
+        rx.requeue(0, key, items).map_err(|err| {
+            let (_, key, items) = err.0;
+            (key, items)
+        })
+    }
+
+    fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+}
+
+/// The shape of one stress run.
+#[derive(Clone, Copy)]
+struct Plan {
+    producers: u32,
+    per_producer: usize,
+    receivers: usize,
+    keys: Key,
+    /// Percent of `recv` calls raced against a short sleep.
+    cancel_pct: u64,
+    /// Percent of batch entries handed back with `requeue`.
+    requeue_pct: u64,
+}
+
+/// What one receiver took out and kept, entry by entry, in the order it processed them.
+#[derive(Default)]
+struct Taken {
+    entries: Vec<(Key, Vec<Item>)>,
+    batches: usize,
+    cancelled: usize,
+    requeued: usize,
+}
+
+/// The values a producer sends, in order, with their keys.
+fn items(id: u32, plan: Plan) -> impl Iterator<Item = (Key, Item)> {
+    let mut nth = vec![0u32; usize::from(plan.keys)];
+    (0..plan.per_producer as u32).map(move |seq| {
+        let key = key_of(id, seq, plan.keys);
+        let item = Item {
+            producer: id,
+            seq,
+            nth: nth[usize::from(key)],
+        };
+        nth[usize::from(key)] += 1;
+        (key, item)
+    })
+}
+
+async fn producer<C: Chan>(tx: C::Tx, id: u32, plan: Plan) {
+    let mut rng = Rng(u64::from(id) + 1);
+    for (key, item) in items(id, plan) {
+        let sent = C::send(&tx, key, item, rng.next()).await;
+        assert!(sent, "send failed before the producer was done");
+        if rng.below(64) == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+/// A producer on a plain thread, with `blocking_send`.
+fn blocking_producer<C: Chan>(tx: C::Tx, id: u32, plan: Plan) {
+    let mut rng = Rng(u64::from(id) + 1);
+    for (key, item) in items(id, plan) {
+        let sent = C::blocking_send(&tx, key, item, rng.next());
+        assert!(sent, "blocking_send failed before the producer was done");
+    }
+}
+
+async fn receiver<C: Chan>(mut rx: C::Rx, seed: u64, plan: Plan, max_batch: usize) -> Taken {
+    let mut rng = Rng(seed);
+    let mut taken = Taken::default();
+    loop {
+        let batch = if rng.below(100) < plan.cancel_pct {
+            // Cancel either right after the first poll, or after a nap of up to 2 ms.
+            let nap = match rng.below(2) {
+                0 => None,
+                _ => Some(Duration::from_micros(rng.below(2_000))),
+            };
+            tokio::select! {
+                biased;
+                batch = C::recv(&mut rx) => batch,
+                () = async {
+                    if let Some(nap) = nap {
+                        sleep(nap).await;
+                    }
+                } => {
+                    taken.cancelled += 1;
+                    continue;
+                }
+            }
+        } else {
+            C::recv(&mut rx).await
+        };
+        let Some(batch) = batch else { break };
+        taken.batches += 1;
+        assert!(!batch.is_empty(), "empty batch");
+        let values: usize = batch.iter().map(|(_, items)| items.len()).sum();
+        assert!(
+            values <= max_batch,
+            "batch of {values} values over max_batch"
+        );
+        for (key, items) in batch {
+            assert!(!items.is_empty(), "key {key} with no values");
+            if rng.below(100) < plan.requeue_pct {
+                match C::requeue(&rx, key, items) {
+                    Ok(()) => taken.requeued += 1,
+                    // The stream already ended for another receiver: keep them here.
+                    Err((back, items)) => {
+                        assert_eq!(back, key, "requeue handed back another key");
+                        taken.entries.push((key, items));
+                    }
+                }
+            } else {
+                taken.entries.push((key, items));
+            }
+        }
+        if rng.below(8) == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    taken
+}
+
+/// Runs producers and receivers to the end of the stream and returns what each receiver
+/// took, after checking exactly-once delivery.
+async fn run<C: Chan>(chan: C, plan: Plan) -> Vec<Taken> {
+    let (tx, rx) = chan.build();
+    let max_batch = chan.max_batch();
+    let producers: Vec<JoinHandle<()>> = (0..plan.producers)
+        .map(|id| {
+            let tx = tx.clone();
+            match id {
+                0 => tokio::task::spawn_blocking(move || blocking_producer::<C>(tx, id, plan)),
+                _ => tokio::spawn(producer::<C>(tx, id, plan)),
+            }
+        })
+        .collect();
+    drop(tx);
+    let receivers: Vec<JoinHandle<Taken>> = (0..plan.receivers)
+        .map(|i| tokio::spawn(receiver::<C>(rx.clone(), 1_000 + i as u64, plan, max_batch)))
+        .collect();
+    drop(rx);
+    let work = async {
+        for p in producers {
+            p.await.expect("producer panicked");
+        }
+        let mut all = Vec::new();
+        for r in receivers {
+            all.push(r.await.expect("receiver panicked"));
+        }
+        all
+    };
+    let start = std::time::Instant::now();
+    let taken = timeout(LIMIT, work)
+        .await
+        .expect("stress run did not finish: deadlock or lost wake-up");
+    check_exactly_once(&taken, plan);
+    eprintln!(
+        "{} values, {} batches, {} recv cancelled, {} entries requeued, {:?}",
+        plan.producers as usize * plan.per_producer,
+        total(&taken, |t| t.batches),
+        total(&taken, |t| t.cancelled),
+        total(&taken, |t| t.requeued),
+        start.elapsed(),
+    );
+    taken
+}
+
+/// Every value sent was taken exactly once, under the key it was sent to.
+fn check_exactly_once(taken: &[Taken], plan: Plan) {
+    let mut seen = vec![vec![false; plan.per_producer]; plan.producers as usize];
+    let mut count = 0;
+    for (key, item) in taken
+        .iter()
+        .flat_map(|t| &t.entries)
+        .flat_map(|(key, items)| items.iter().map(move |item| (*key, *item)))
+    {
+        assert_eq!(
+            key,
+            key_of(item.producer, item.seq, plan.keys),
+            "{item:?} came out under the wrong key"
+        );
+        let slot = &mut seen[item.producer as usize][item.seq as usize];
+        assert!(!*slot, "{item:?} delivered twice");
+        *slot = true;
+        count += 1;
+    }
+    let total = plan.producers as usize * plan.per_producer;
+    assert_eq!(count, total, "values lost");
+}
+
+/// Within each batch entry, each producer's values are consecutive and ascending.
+fn check_runs(taken: &[Taken]) {
+    for (key, items) in taken.iter().flat_map(|t| &t.entries) {
+        let mut last: Vec<(u32, u32)> = Vec::new();
+        for item in items {
+            match last.iter_mut().find(|(p, _)| *p == item.producer) {
+                Some((_, nth)) => {
+                    assert_eq!(item.nth, *nth + 1, "key {key}: {item:?} out of order");
+                    *nth = item.nth;
+                }
+                None => last.push((item.producer, item.nth)),
+            }
+        }
+    }
+}
+
+/// Sums a counter over all receivers.
+fn total(taken: &[Taken], f: impl Fn(&Taken) -> usize) -> usize {
+    taken.iter().map(f).sum()
+}
+
+/// Many producers into a bounded `timed` channel (senders wait for room), four receivers
+/// with `recv` cancelled at random: every value once, each producer's values of a key in
+/// order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn timed_exactly_once_in_order() {
+    let chan = Timed {
+        window: Duration::from_millis(1),
+        capacity: 512,
+        max_batch: 100,
+        per_key: 4,
+    };
+    let plan = Plan {
+        producers: 8,
+        per_producer: PER_PRODUCER,
+        receivers: 4,
+        keys: 64,
+        cancel_pct: 30,
+        requeue_pct: 0,
+    };
+    let taken = run(chan, plan).await;
+    check_runs(&taken);
+    assert!(total(&taken, |t| t.cancelled) > 0, "no recv was cancelled");
+}
+
+/// As `timed_exactly_once_in_order`, on an `ordered` channel with random sort keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ordered_exactly_once_in_order() {
+    let chan = Ordered {
+        capacity: 64,
+        max_batch: 50,
+    };
+    let plan = Plan {
+        producers: 8,
+        per_producer: PER_PRODUCER,
+        receivers: 4,
+        keys: 64,
+        cancel_pct: 30,
+        requeue_pct: 0,
+    };
+    let taken = run(chan, plan).await;
+    check_runs(&taken);
+    assert!(total(&taken, |t| t.cancelled) > 0, "no recv was cancelled");
+}
+
+/// Four receivers that cancel `recv` and requeue one batch entry in ten: every value is
+/// still processed exactly once, including entries whose requeue was refused because the
+/// stream had ended for another receiver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn timed_requeue_exactly_once() {
+    let chan = Timed {
+        window: Duration::from_millis(1),
+        capacity: 512,
+        max_batch: 64,
+        per_key: 8,
+    };
+    let plan = Plan {
+        producers: 8,
+        per_producer: PER_PRODUCER,
+        receivers: 4,
+        keys: 32,
+        cancel_pct: 20,
+        requeue_pct: 10,
+    };
+    let taken = run(chan, plan).await;
+    assert!(total(&taken, |t| t.requeued) > 0, "nothing was requeued");
+}
+
+/// As `timed_requeue_exactly_once`, on an `ordered` channel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ordered_requeue_exactly_once() {
+    let chan = Ordered {
+        capacity: 128,
+        max_batch: 64,
+    };
+    let plan = Plan {
+        producers: 8,
+        per_producer: PER_PRODUCER,
+        receivers: 4,
+        keys: 32,
+        cancel_pct: 20,
+        requeue_pct: 10,
+    };
+    let taken = run(chan, plan).await;
+    assert!(total(&taken, |t| t.requeued) > 0, "nothing was requeued");
+}
+
+/// One receiver that cancels and requeues, against many producers: requeued values go in
+/// front of newer ones, so each producer's values of a key are processed exactly in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn requeue_keeps_order_for_one_receiver() {
+    let chan = Timed {
+        window: Duration::from_millis(1),
+        capacity: 256,
+        max_batch: 32,
+        per_key: 8,
+    };
+    let plan = Plan {
+        producers: 6,
+        per_producer: PER_PRODUCER,
+        receivers: 1,
+        keys: 16,
+        cancel_pct: 20,
+        requeue_pct: 10,
+    };
+    let taken = run(chan, plan).await;
+    assert!(total(&taken, |t| t.requeued) > 0, "nothing was requeued");
+    let mut next = vec![vec![0u32; 16]; 6];
+    for (key, items) in &taken[0].entries {
+        for item in items {
+            let want = &mut next[item.producer as usize][usize::from(*key)];
+            assert_eq!(item.nth, *want, "key {key}: {item:?} out of order");
+            *want += 1;
+        }
+    }
+}
+
+/// How a producer stops in `senders_dropped_mid_traffic`.
+#[derive(Clone, Copy, PartialEq)]
+enum Stop {
+    /// It sees the flag, returns and drops its sender.
+    Flag,
+    /// Its task is aborted, dropping its sender (and any `send` in flight) on the spot.
+    Abort,
+}
+
+/// Producers that send until stopped, recording how far they got: `confirmed` counts the
+/// values whose `send` returned.
+async fn endless_producer(
+    tx: timed::Sender<Key, Item>,
+    id: u32,
+    stop: Arc<AtomicBool>,
+    confirmed: Arc<AtomicU32>,
+    sent: Arc<AtomicUsize>,
+) {
+    let mut rng = Rng(u64::from(id) + 77);
+    let mut seq = 0u32;
+    while !stop.load(Ordering::Relaxed) {
+        let key = key_of(id, seq, 64);
+        let item = Item {
+            producer: id,
+            seq,
+            nth: 0,
+        };
+        tx.send(key, item).await.expect("closed while sending");
+        seq += 1;
+        confirmed.store(seq, Ordering::Relaxed);
+        sent.fetch_add(1, Ordering::Relaxed);
+        if rng.below(32) == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+/// Every sender is dropped in the middle of heavy traffic (half by returning, half by
+/// having their tasks aborted mid-`send`): the receivers still drain everything that was
+/// sent, exactly once, and every receiver's stream ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn senders_dropped_mid_traffic() {
+    const PRODUCERS: u32 = 8;
+    let target = PRODUCERS as usize * PER_PRODUCER / 4;
+    let (tx, rx) = timed::Builder::new(Duration::from_millis(2))
+        .capacity(1_024)
+        .max_batch(64)
+        .build::<Key, Item>();
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicUsize::new(0));
+    let confirmed: Vec<Arc<AtomicU32>> = (0..PRODUCERS).map(|_| Arc::default()).collect();
+    let producers: Vec<(Stop, JoinHandle<()>)> = (0..PRODUCERS)
+        .map(|id| {
+            let how = if id % 2 == 0 { Stop::Flag } else { Stop::Abort };
+            let task = endless_producer(
+                tx.clone(),
+                id,
+                Arc::clone(&stop),
+                Arc::clone(&confirmed[id as usize]),
+                Arc::clone(&sent),
+            );
+            (how, tokio::spawn(task))
+        })
+        .collect();
+    drop(tx);
+    let plan = Plan {
+        producers: PRODUCERS,
+        per_producer: 0,
+        receivers: 3,
+        keys: 64,
+        cancel_pct: 10,
+        requeue_pct: 0,
+    };
+    let receivers: Vec<JoinHandle<Taken>> = (0..3)
+        .map(|i| tokio::spawn(receiver::<Timed>(rx.clone(), 50 + i, plan, 64)))
+        .collect();
+    drop(rx);
+
+    let work = async {
+        while sent.load(Ordering::Relaxed) < target {
+            tokio::task::yield_now().await;
+        }
+        // Abort half while the traffic is at full speed, then flag the rest.
+        for (how, task) in &producers {
+            if *how == Stop::Abort {
+                task.abort();
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        for (how, task) in producers {
+            match (how, task.await) {
+                (_, Ok(())) => {}
+                (Stop::Abort, Err(err)) if err.is_cancelled() => {}
+                (_, Err(err)) => panic!("producer failed: {err}"),
+            }
+        }
+        let mut all = Vec::new();
+        for r in receivers {
+            // Each receiver returns only once its stream has ended.
+            all.push(r.await.expect("receiver panicked"));
+        }
+        all
+    };
+    let start = std::time::Instant::now();
+    let taken = timeout(LIMIT, work)
+        .await
+        .expect("the stream did not end after every sender was dropped");
+    eprintln!(
+        "{} values sent, {} batches, {} recv cancelled, {:?}",
+        sent.load(Ordering::Relaxed),
+        total(&taken, |t| t.batches),
+        total(&taken, |t| t.cancelled),
+        start.elapsed(),
+    );
+
+    // Delivered: exactly the values whose `send` returned, no more (an aborted `send` was
+    // never in), no fewer, none twice.
+    let mut delivered: Vec<Vec<u32>> = vec![Vec::new(); PRODUCERS as usize];
+    for item in taken
+        .iter()
+        .flat_map(|t| &t.entries)
+        .flat_map(|(_, items)| items)
+    {
+        delivered[item.producer as usize].push(item.seq);
+    }
+    for (id, mut seqs) in delivered.into_iter().enumerate() {
+        seqs.sort_unstable();
+        let confirmed = confirmed[id].load(Ordering::Relaxed);
+        let want: Vec<u32> = (0..confirmed).collect();
+        assert!(
+            seqs == want,
+            "producer {id}: {} delivered, {confirmed} sent",
+            seqs.len()
+        );
+    }
+    assert!(sent.load(Ordering::Relaxed) >= target);
+}
+
+/// Rounds of the closing races: debug builds run fewer.
+const ROUNDS: usize = if cfg!(debug_assertions) { 1_000 } else { 5_000 };
+
+/// Real races between sends, `close()` or the last sender's drop, and receivers taking the
+/// last due key and registering their wakers, round after round on four worker threads.
+/// Each round: a send that returned `Ok` is delivered exactly once, one that failed
+/// handed its value back and is not delivered, a sender never succeeds after failing, and
+/// every receiver's stream ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn close_races() {
+    let work = async {
+        let (mut delivered, mut refused) = (0, 0);
+        for round in 0..ROUNDS {
+            let by_close = round % 2 == 0;
+            let (tx, rx) = timed::Builder::new(Duration::ZERO)
+                .capacity(4)
+                .max_batch(3)
+                .build::<u8, u32>();
+            let senders: Vec<JoinHandle<Vec<u32>>> = (0..2u32)
+                .map(|id| {
+                    let tx = tx.clone();
+                    tokio::spawn(async move {
+                        let mut sent = Vec::new();
+                        for n in 0..20 {
+                            let value = id * 100 + n;
+                            match tx.send((n % 3) as u8, value).await {
+                                Ok(()) => sent.push(value),
+                                Err(err) => {
+                                    assert_eq!(err.0, ((n % 3) as u8, value), "wrong value back");
+                                    assert!(tx.is_closed());
+                                    break;
+                                }
+                            }
+                        }
+                        sent
+                    })
+                })
+                .collect();
+            let receivers: Vec<JoinHandle<Vec<u32>>> = (0..2)
+                .map(|_| {
+                    let mut rx = rx.clone();
+                    tokio::spawn(async move {
+                        let mut got = Vec::new();
+                        while let Some(batch) = rx.recv().await {
+                            got.extend(batch.into_iter().flat_map(|(_, values)| values));
+                        }
+                        got
+                    })
+                })
+                .collect();
+            let mut rng = Rng(round as u64);
+            for _ in 0..rng.below(20) {
+                tokio::task::yield_now().await;
+            }
+            if by_close {
+                rx.close();
+            }
+            drop(rx);
+            drop(tx);
+            let mut sent = Vec::new();
+            for s in senders {
+                sent.extend(s.await.expect("sender panicked"));
+            }
+            let mut got = Vec::new();
+            for r in receivers {
+                got.extend(r.await.expect("receiver panicked"));
+            }
+            sent.sort_unstable();
+            got.sort_unstable();
+            assert_eq!(got, sent, "round {round}: delivered differs from sent");
+            delivered += got.len();
+            refused += usize::from(got.len() < 40);
+        }
+        eprintln!("{ROUNDS} rounds, {delivered} values delivered, {refused} rounds cut short");
+        assert!(refused > 0, "close never raced a send");
+    };
+    timeout(LIMIT, work)
+        .await
+        .expect("a closing race deadlocked or lost a wake-up");
+}
