@@ -48,13 +48,13 @@ pub(crate) trait Flavor {
     ) -> Option<Self::Rank>;
 
     /// Whether a key of this rank may be delivered at `now`.
-    fn is_due(rank: &Self::Rank, now: Instant) -> bool;
+    fn is_due(rank: &Self::Rank, now: Instant, config: &Config) -> bool;
 
     /// Why a key of this rank came due, once it has.
     fn why(rank: &Self::Rank) -> Why;
 
     /// The time at which a key of this rank becomes due, if that is a time.
-    fn deadline(rank: &Self::Rank) -> Option<Instant>;
+    fn deadline(rank: &Self::Rank, config: &Config) -> Option<Instant>;
 }
 
 /// The clock, read at most once per call, and only when needed: the last reading under the
@@ -110,6 +110,8 @@ pub(crate) struct Config {
     pub(crate) max_values_per_key: usize,
     /// A key of this weight is due at once (`timed` only).
     pub(crate) max_key_weight: usize,
+    /// Where `timed` counts its deadlines from.
+    pub(crate) epoch: Instant,
 }
 
 impl Config {
@@ -123,6 +125,7 @@ impl Config {
             window,
             max_values_per_key: usize::MAX,
             max_key_weight: usize::MAX,
+            epoch: Instant::now(),
         }
     }
 
@@ -481,28 +484,30 @@ where
     /// Takes the next batch under the lock, counting why each key came due. `flush` counts
     /// keys that were not due as flushed (`drain_now`); otherwise they are not taken.
     fn pop(&self, state: &mut State<F::Rank, K, V>, now: Instant, flush: bool) -> Batch<K, V> {
+        let config = &self.config;
         let closed_at = state.closed_at;
         let by = &mut state.counts.by;
-        let batch = state.queue.pop_batch_weighted(
-            self.config.max_batch,
-            self.config.max_batch_weight,
-            |rank| {
-                // Count the first reason the key came due: a key that was due before the
-                // close counts by its own reason, even when taken after it.
-                let counter = match closed_at {
-                    Some(at) if !F::is_due(rank, at) => &mut by.close,
-                    _ if F::is_due(rank, now) || closed_at.is_some() => match F::why(rank) {
-                        Why::Due => &mut by.due,
-                        Why::FullKey => &mut by.full_key,
-                        Why::Flush => &mut by.flush,
-                    },
-                    _ if flush => &mut by.flush,
-                    _ => return false,
-                };
-                *counter += 1;
-                true
-            },
-        );
+        let batch =
+            state
+                .queue
+                .pop_batch_weighted(config.max_batch, config.max_batch_weight, |rank| {
+                    // Count the first reason the key came due: a key that was due before the
+                    // close counts by its own reason, even when taken after it.
+                    let counter = match closed_at {
+                        Some(at) if !F::is_due(rank, at, config) => &mut by.close,
+                        _ if F::is_due(rank, now, config) || closed_at.is_some() => {
+                            match F::why(rank) {
+                                Why::Due => &mut by.due,
+                                Why::FullKey => &mut by.full_key,
+                                Why::Flush => &mut by.flush,
+                            }
+                        }
+                        _ if flush => &mut by.flush,
+                        _ => return false,
+                    };
+                    *counter += 1;
+                    true
+                });
         // The runs just delivered are mostly the oldest: drop them now, while their slots'
         // buckets are still in cache.
         state.drop_ended_runs();
@@ -679,19 +684,20 @@ where
         *sink = item;
     }
 
-    pub(crate) fn flush_key(&self, key: &K, rank: F::Rank) {
+    /// Lowers `key`'s rank (or every key's, for `None`) to what `input` ranks at now.
+    pub(crate) fn flush(&self, key: Option<&K>, input: F::Input) {
         let mut state = self.chan.lock();
-        let receiver = match state.queue.promote(key, rank) {
-            true => state.recv_waiters.first().map(|(_, w)| w.clone()),
-            false => None,
+        let mut clock = Clock {
+            last: &mut state.last_now,
+            now: None,
         };
-        drop(state);
-        wake([receiver]);
-    }
-
-    pub(crate) fn flush_all(&self, rank: F::Rank) {
-        let mut state = self.chan.lock();
-        let receiver = match state.queue.promote_all(rank) {
+        let rank = F::rank(input, &mut clock, None, 0, 0, &self.chan.config);
+        let rank = rank.expect("a rank for a key that may not be pending");
+        let moved = match key {
+            Some(key) => state.queue.promote(key, rank),
+            None => state.queue.promote_all(rank),
+        };
+        let receiver = match moved {
             true => state.recv_waiters.first().map(|(_, w)| w.clone()),
             false => None,
         };
@@ -809,7 +815,13 @@ where
 
             let first = self.waiter.enter(&mut state, cx.waker());
             let deadline = match first {
-                true => state.queue.peek_rank().and_then(F::deadline),
+                true => {
+                    let config = &self.chan.config;
+                    state
+                        .queue
+                        .peek_rank()
+                        .and_then(|rank| F::deadline(rank, config))
+                }
                 false => None,
             };
             drop(state);
@@ -859,7 +871,10 @@ where
     /// held the timer and leaves any work.
     fn after_batch(&self, state: &State<F::Rank, K, V>, now: Instant, was_first: bool) -> Wakes {
         let closed = state.closed_at.is_some();
-        let due_left = state.queue.front_is(|rank| closed || F::is_due(rank, now));
+        let config = &self.chan.config;
+        let due_left = state
+            .queue
+            .front_is(|rank| closed || F::is_due(rank, now, config));
         let receiver = if due_left || (was_first && !state.queue.is_empty()) {
             state.recv_waiters.first().map(|(_, w)| w.clone())
         } else {
@@ -974,7 +989,12 @@ where
     }
 
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        self.chan.lock().queue.peek_rank().and_then(F::deadline)
+        let config = &self.chan.config;
+        let state = self.chan.lock();
+        state
+            .queue
+            .peek_rank()
+            .and_then(|rank| F::deadline(rank, config))
     }
 
     pub(crate) fn is_closed(&self) -> bool {

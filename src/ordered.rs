@@ -61,11 +61,11 @@ impl<S> Flavor for Ordered<S> {
         Why::Due
     }
 
-    fn is_due(_: &S, _: Instant) -> bool {
+    fn is_due(_: &S, _: Instant, _: &Config) -> bool {
         true
     }
 
-    fn deadline(_: &S) -> Option<Instant> {
+    fn deadline(_: &S, _: &Config) -> Option<Instant> {
         None
     }
 }

@@ -82,20 +82,22 @@ struct Slot<R, K, V> {
     hash: u64,
     key: K,
     values: Vec<V>,
-    /// Each value's weight, in step with `values`; `None` while every weight is 1, which
-    /// spares unweighted queues the memory: a slot is a hot, copied thing.
-    #[allow(
-        clippy::box_collection,
-        reason = "8 bytes in every slot instead of 24; the box is allocated only once a weight differs from 1"
-    )]
-    weights: Option<Box<Vec<usize>>>,
-    /// The sum of the weights.
-    weight: usize,
+    /// The values' weights; `None` while every weight is 1. A slot is hot and gets copied
+    /// as the table grows, so unweighted queues pay 8 bytes for this, not 32.
+    weights: Option<Box<Weights>>,
     rank: R,
     /// When the current pending run started: breaks ties between equal ranks.
     seq: u64,
     /// The id of the one ticket that is live for this slot.
     ticket: u64,
+}
+
+/// A key's weights, once one of them differs from 1.
+struct Weights {
+    /// Each value's weight, in step with the values.
+    each: Vec<usize>,
+    /// Their sum.
+    total: usize,
 }
 
 /// Where keys stand in rank order: tickets in a FIFO while they arrive sorted, else in a heap.
@@ -693,7 +695,7 @@ where
                 let rank = rank(
                     Some(&slot.rank),
                     slot.values.len() + count,
-                    slot.weight + weight,
+                    slot.weight() + weight,
                 );
                 let lowered = match rank {
                     Some(rank) if rank < slot.rank => {
@@ -719,7 +721,6 @@ where
                     key,
                     values: Vec::new(),
                     weights: None,
-                    weight: 0,
                     rank,
                     seq: id,
                     ticket: id,
@@ -871,26 +872,31 @@ impl<R: Ord + Clone> Index<R> {
 }
 
 impl<R, K, V> Slot<R, K, V> {
+    fn weight(&self) -> usize {
+        self.weights.as_ref().map_or(self.values.len(), |w| w.total)
+    }
+
     fn weight_at(&self, i: usize) -> usize {
-        self.weights.as_ref().map_or(1, |weights| weights[i])
+        self.weights.as_ref().map_or(1, |w| w.each[i])
     }
 
     /// How many of the oldest values fit in `room` values and `room_weight`, and their
     /// weight. A first value heavier than `room_weight` fits alone in an empty batch.
     fn fitting(&self, room: usize, room_weight: usize, empty_batch: bool) -> (usize, usize) {
-        if self.values.len() <= room && self.weight <= room_weight {
-            return (self.values.len(), self.weight);
+        let (len, total) = (self.values.len(), self.weight());
+        if len <= room && total <= room_weight {
+            return (len, total);
         }
         if self.weights.is_none() {
             // Every value weighs 1.
-            let count = room.min(room_weight).min(self.values.len());
+            let count = room.min(room_weight).min(len);
             return match (count, empty_batch) {
                 (0, true) => (1, 1),
                 _ => (count, count),
             };
         }
         let (mut count, mut weight) = (0, 0);
-        while count < room.min(self.values.len()) {
+        while count < room.min(len) {
             let next = self.weight_at(count);
             if weight + next > room_weight {
                 break;
@@ -910,28 +916,31 @@ impl<R, K, V> Slot<R, K, V> {
                 if weight != 1 || self.weights.is_some() {
                     // The first weight other than 1 makes the ones before it explicit.
                     let ones = self.values.len();
-                    let weights = self.weights.get_or_insert_with(|| Box::new(vec![1; ones]));
-                    weights.push(weight);
+                    let weights = self.weights.get_or_insert_with(|| {
+                        Box::new(Weights {
+                            each: vec![1; ones],
+                            total: ones,
+                        })
+                    });
+                    weights.each.push(weight);
+                    weights.total += weight;
                 }
                 self.values.push(value);
-                self.weight += weight;
             }
             Items::Front(values, weights) => {
                 let count = values.len();
                 let older = mem::replace(&mut self.values, values);
                 self.values.extend(older);
-                match (weights, self.weights.take()) {
-                    (None, None) => self.weight += count,
-                    (front, older) => {
-                        let mut weights = front.unwrap_or_else(|| vec![1; count]);
-                        self.weight += weights.iter().sum::<usize>();
-                        match older {
-                            Some(older) => weights.extend(*older),
-                            None => weights.resize(self.values.len(), 1),
-                        }
-                        self.weights = Some(Box::new(weights));
-                    }
+                if weights.is_none() && self.weights.is_none() {
+                    return;
                 }
+                let mut each = weights.unwrap_or_else(|| vec![1; count]);
+                match self.weights.take() {
+                    Some(older) => each.extend(older.each),
+                    None => each.resize(self.values.len(), 1),
+                }
+                let total = each.iter().sum();
+                self.weights = Some(Box::new(Weights { each, total }));
             }
         }
     }
@@ -940,9 +949,9 @@ impl<R, K, V> Slot<R, K, V> {
     fn take_front(&mut self, count: usize, weight: usize) -> Vec<V> {
         let rest = self.values.split_off(count);
         if let Some(weights) = &mut self.weights {
-            weights.drain(..count);
+            weights.each.drain(..count);
+            weights.total -= weight;
         }
-        self.weight -= weight;
         mem::replace(&mut self.values, rest)
     }
 }
