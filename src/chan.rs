@@ -110,7 +110,7 @@ pub(crate) struct Config {
     pub(crate) max_values_per_key: usize,
     /// A key of this weight is due at once (`timed` only).
     pub(crate) max_key_weight: usize,
-    /// Where `timed` counts its deadlines from.
+    /// Where deadlines and arrival times count from.
     pub(crate) epoch: Instant,
 }
 
@@ -134,6 +134,13 @@ impl Config {
     pub(crate) fn set(limit: &mut usize, n: usize, name: &str) {
         assert!(n > 0, "{name} must be at least 1");
         *limit = n;
+    }
+
+    /// `t` as nanoseconds from the epoch: half the size of an `Instant`, for what is kept
+    /// per key. An instant before the epoch counts as the epoch.
+    pub(crate) fn nanos(&self, t: Instant) -> u64 {
+        let since = t.saturating_duration_since(self.epoch);
+        u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// Whether a key of `values` values and total `weight` is full: due at once.
@@ -203,8 +210,9 @@ struct State<R, K, V> {
     key_waiters: VecDeque<(u64, Waker)>,
     /// The last clock reading under the lock: see [`Clock`].
     last_now: Option<Instant>,
-    /// When each pending run started, oldest first; runs that ended are dropped lazily.
-    arrivals: VecDeque<(Run, Instant)>,
+    /// When each pending run started (see [`Config::nanos`]), oldest first; runs that ended
+    /// are dropped lazily.
+    arrivals: VecDeque<(Run, u64)>,
     counts: Counts,
     next_id: u64,
 }
@@ -398,7 +406,7 @@ where
                 .insert(key, Items::One(value, weight), |current, values, weight| {
                     F::rank(input, &mut clock, current, values, weight, config)
                 });
-        let arrival = inserted.new_run.map(|run| (run, clock.now()));
+        let arrival = inserted.new_run.map(|run| (run, config.nanos(clock.now())));
         state.counts.sent += 1;
         // When the run started, for the oldest-age figure.
         state.arrivals.extend(arrival);
@@ -522,7 +530,11 @@ where
         let mut state = self.lock();
         state.drop_ended_runs();
         let queue = &state.queue;
-        let oldest = state.arrivals.front().map(|(_, since)| since.elapsed());
+        let epoch = self.config.epoch;
+        let oldest = state.arrivals.front().map(|(_, since)| {
+            let since = epoch + Duration::from_nanos(*since);
+            since.elapsed()
+        });
         let counts = &state.counts;
         Stats {
             pending_values: queue.len(),
@@ -861,7 +873,7 @@ where
     /// would wake the task for nothing. Resetting keeps the one timer for later.
     fn disarm(&mut self, now: Instant) {
         if let (Some(sleep), true) = (&mut self.sleep, self.armed) {
-            sleep.as_mut().reset(far_future(now));
+            sleep.as_mut().reset(now + FAR);
             self.armed = false;
         }
     }
@@ -959,9 +971,11 @@ where
         let rank = rank.expect("a rank for a key that may not be pending");
         let inserted = state.queue.requeue_inner(key, values, weights, rank);
         state.counts.requeued += count;
-        state
-            .arrivals
-            .extend(inserted.new_run.map(|run| (run, now)));
+        state.arrivals.extend(
+            inserted
+                .new_run
+                .map(|run| (run, self.chan.config.nanos(now))),
+        );
         let receiver = match inserted.leads {
             true => state.recv_waiters.first().map(|(_, w)| w.clone()),
             false => None,
@@ -1091,10 +1105,8 @@ impl Waiter {
     }
 }
 
-/// An instant later than any program waits: about 30 years on.
-pub(crate) fn far_future(now: Instant) -> Instant {
-    now + Duration::from_secs(30 * 365 * 24 * 60 * 60)
-}
+/// Longer than any program waits: about 30 years.
+pub(crate) const FAR: Duration = Duration::from_secs(30 * 365 * 24 * 60 * 60);
 
 // ===== blocking =====
 

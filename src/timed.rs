@@ -38,7 +38,7 @@ use futures_core::Stream;
 use futures_sink::Sink;
 use tokio::time::Instant;
 
-use crate::chan::{self, far_future, Clock, Config, Flavor, Weigher, Why};
+use crate::chan::{self, Clock, Config, Flavor, Weigher, Why, FAR};
 use crate::error::{SendError, TryRecvError, TrySendError};
 use crate::stats::Stats;
 use crate::Batch;
@@ -56,19 +56,10 @@ struct Deadline {
     why: Why,
 }
 
-/// `t` as nanoseconds from the channel's epoch. An instant before the epoch (a `send_by`
-/// deadline long past) counts as the epoch: it is due all the same.
-fn nanos(t: Instant, config: &Config) -> u64 {
-    let since = t.saturating_duration_since(config.epoch);
-    u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
-}
-
 /// The window in nanoseconds. A window too long to add is "never": capped at the far
 /// future, deadlines stay monotonic in `now`, so the FIFO order holds.
 fn window(config: &Config) -> u64 {
-    let now = config.epoch;
-    let window = config.window.min(far_future(now) - now);
-    u64::try_from(window.as_nanos()).unwrap_or(u64::MAX)
+    u64::try_from(config.window.min(FAR).as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Ord for Deadline {
@@ -120,18 +111,18 @@ impl Flavor for Timed {
             let at_least = match due {
                 Due::Window => clock
                     .floor()
-                    .map(|floor| nanos(floor, config).saturating_add(window(config))),
-                Due::By(at) => Some(nanos(at, config)),
+                    .map(|floor| config.nanos(floor).saturating_add(window(config))),
+                Due::By(at) => Some(config.nanos(at)),
                 Due::Now(_) => None,
             };
             if at_least.is_some_and(|at| at >= current.at) {
                 return None;
             }
         }
-        let now = nanos(clock.now(), config);
+        let now = config.nanos(clock.now());
         let (at, why) = match due {
             Due::Window => (now.saturating_add(window(config)), Why::Due),
-            Due::By(at) => (nanos(at, config), Why::Due),
+            Due::By(at) => (config.nanos(at), Why::Due),
             Due::Now(why) => (now, why),
         };
         Some(match full && at > now {
@@ -144,7 +135,7 @@ impl Flavor for Timed {
     }
 
     fn is_due(deadline: &Deadline, now: Instant, config: &Config) -> bool {
-        deadline.at <= nanos(now, config)
+        deadline.at <= config.nanos(now)
     }
 
     fn why(deadline: &Deadline) -> Why {
