@@ -46,14 +46,37 @@ use crate::Batch;
 /// The `timed` flavour: ranks are deadlines.
 enum Timed {}
 
-/// A key's deadline, and why it is what it is. Only `at` orders deadlines.
+/// A key's deadline, and why it is what it is. Only the deadline orders them.
 ///
-/// `at` counts nanoseconds from the channel's epoch: with `why`, that makes 16 bytes where an
-/// `Instant` would make 24, and a rank is copied into every slot and every ticket.
+/// A rank is copied into every slot and every ticket, so it is packed into 8 bytes (an
+/// `Instant` alone takes 16): the deadline in nanoseconds from the channel's epoch in the low
+/// 62 bits, which reach 146 years, and the reason in the top two.
 #[derive(Clone, Copy, Debug)]
-struct Deadline {
-    at: u64,
-    why: Why,
+struct Deadline(u64);
+
+impl Deadline {
+    const AT: u64 = (1 << 62) - 1;
+
+    fn new(at: u64, why: Why) -> Self {
+        let why = match why {
+            Why::Due => 0,
+            Why::FullKey => 1,
+            Why::Flush => 2,
+        };
+        Deadline(at.min(Self::AT) | why << 62)
+    }
+
+    fn at(self) -> u64 {
+        self.0 & Self::AT
+    }
+
+    fn why(self) -> Why {
+        match self.0 >> 62 {
+            0 => Why::Due,
+            1 => Why::FullKey,
+            _ => Why::Flush,
+        }
+    }
 }
 
 /// The window in nanoseconds. A window too long to add is "never": capped at the far
@@ -64,7 +87,7 @@ fn window(config: &Config) -> u64 {
 
 impl Ord for Deadline {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.at.cmp(&other.at)
+        self.at().cmp(&other.at())
     }
 }
 
@@ -76,7 +99,7 @@ impl PartialOrd for Deadline {
 
 impl PartialEq for Deadline {
     fn eq(&self, other: &Self) -> bool {
-        self.at == other.at
+        self.at() == other.at()
     }
 }
 
@@ -115,7 +138,7 @@ impl Flavor for Timed {
                 Due::By(at) => Some(config.nanos(at)),
                 Due::Now(_) => None,
             };
-            if at_least.is_some_and(|at| at >= current.at) {
+            if at_least.is_some_and(|at| at >= current.at()) {
                 return None;
             }
         }
@@ -126,24 +149,21 @@ impl Flavor for Timed {
             Due::Now(why) => (now, why),
         };
         Some(match full && at > now {
-            true => Deadline {
-                at: now,
-                why: Why::FullKey,
-            },
-            false => Deadline { at, why },
+            true => Deadline::new(now, Why::FullKey),
+            false => Deadline::new(at, why),
         })
     }
 
     fn is_due(deadline: &Deadline, now: Instant, config: &Config) -> bool {
-        deadline.at <= config.nanos(now)
+        deadline.at() <= config.nanos(now)
     }
 
     fn why(deadline: &Deadline) -> Why {
-        deadline.why
+        deadline.why()
     }
 
     fn deadline(deadline: &Deadline, config: &Config) -> Option<Instant> {
-        Some(config.epoch + Duration::from_nanos(deadline.at))
+        Some(config.epoch + Duration::from_nanos(deadline.at()))
     }
 }
 
@@ -1149,5 +1169,24 @@ impl<K, V> Clone for Receiver<K, V> {
 impl<K, V> fmt::Debug for Receiver<K, V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Receiver").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadline_packs_time_and_reason() {
+        for why in [Why::Due, Why::FullKey, Why::Flush] {
+            let d = Deadline::new(123_456_789, why);
+            assert_eq!((d.at(), d.why()), (123_456_789, why));
+        }
+        // Only the time orders deadlines; the reason rides along.
+        assert_eq!(Deadline::new(5, Why::Flush), Deadline::new(5, Why::Due));
+        assert!(Deadline::new(4, Why::Flush) < Deadline::new(5, Why::Due));
+        // Times past the 62 bits saturate instead of spilling into the reason.
+        let far = Deadline::new(u64::MAX, Why::Due);
+        assert_eq!((far.at(), far.why()), (Deadline::AT, Why::Due));
     }
 }
