@@ -244,8 +244,8 @@ pub(crate) struct Place {
 /// Why a send could not go in now.
 enum Blocked {
     Closed,
-    Room,
-    Key,
+    /// It must wait in this line.
+    Wait(Line),
 }
 
 /// A value on its way in, weighed before the lock is taken.
@@ -338,17 +338,26 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
         }
     }
 
-    /// Closes the channel and returns the wakers of every waiting task.
-    fn close(&self, state: &mut State<F::Rank, K, V>) -> Vec<Waker> {
+    /// Closes the channel. Returns the wakers of every waiting task, to be woken by
+    /// [`wake_closed`](Self::wake_closed) once the lock is released; `None` if the channel
+    /// was closed already.
+    fn close(&self, state: &mut State<F::Rank, K, V>) -> Option<Vec<Waker>> {
         if state.closed_at.is_some() {
-            return Vec::new();
+            return None;
         }
         state.closed_at = Some(Instant::now());
-        self.closed.notify_waiters();
         // Waiting receivers now have the whole queue due; waiting senders now fail.
         let receivers = state.recv_waiters.iter().map(|(_, w)| w.clone());
         let senders = state.room_waiters.iter().chain(&state.key_waiters);
-        receivers.chain(senders.map(|(_, w)| w.clone())).collect()
+        Some(receivers.chain(senders.map(|(_, w)| w.clone())).collect())
+    }
+
+    /// Wakes what [`close`](Self::close) returned, and every `closed()` call.
+    fn wake_closed(&self, wakers: Option<Vec<Waker>>) {
+        if let Some(wakers) = wakers {
+            wakers.into_iter().for_each(Waker::wake);
+            self.closed.notify_waiters();
+        }
     }
 }
 
@@ -375,17 +384,18 @@ where
         };
         // A value heavier than the whole budget still goes into an empty channel.
         let weight = state.queue.weight();
-        let fits = weight == 0 || weight.saturating_add(queued.weight) <= config.max_weight;
+        let fits =
+            state.queue.is_empty() || weight.saturating_add(queued.weight) <= config.max_weight;
         if state.queue.len() >= config.capacity
             || !fits
             || !my_turn(Line::Room, &state.room_waiters)
         {
-            return Err(Blocked::Room);
+            return Err(Blocked::Wait(Line::Room));
         }
         if config.max_keys != usize::MAX && !state.queue.contains_key(&queued.key) {
             let free = state.queue.key_count() < config.max_keys;
             if !free || !my_turn(Line::Key, &state.key_waiters) {
-                return Err(Blocked::Key);
+                return Err(Blocked::Wait(Line::Key));
             }
         }
 
@@ -444,8 +454,7 @@ where
             Err(blocked) => blocked,
         };
         let line = match blocked {
-            Blocked::Room => Line::Room,
-            Blocked::Key => Line::Key,
+            Blocked::Wait(line) => line,
             Blocked::Closed => {
                 let next = place.take().and_then(|p| self.leave(&mut state, p));
                 drop(state);
@@ -553,12 +562,15 @@ where
 }
 
 pub(crate) fn channel<F: Flavor, K, V>(
-    config: Config,
+    mut config: Config,
     weigher: impl Weigher<V>,
 ) -> (Sender<F, K, V>, Receiver<F, K, V>)
 where
     F::Rank: Ord,
 {
+    // Deadlines before the epoch count as the epoch (they are all due), so take it as late
+    // as we can: now, not when the builder was made.
+    config.epoch = Instant::now();
     let chan = Arc::new(Chan {
         state: Mutex::new(State {
             queue: SortedQueue::new(),
@@ -638,7 +650,7 @@ where
                 return Ok(());
             }
             Err(Blocked::Closed) => false,
-            Err(Blocked::Room | Blocked::Key) => true,
+            Err(Blocked::Wait(_)) => true,
         };
         let Item {
             input, key, value, ..
@@ -694,6 +706,22 @@ where
             "start_send called before poll_ready returned Ready(Ok(()))"
         );
         *sink = item;
+    }
+
+    /// Takes back the value `start_send` took, if it has not gone in, and gives up its place
+    /// in line.
+    pub(crate) fn abort_send(&mut self) -> Option<(F::Input, K, V)> {
+        let sink = self.sink.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let Item {
+            input, key, value, ..
+        } = sink.take()?;
+        if let Some(place) = self.place.take() {
+            let mut state = self.chan.lock();
+            let next = self.chan.leave(&mut state, place);
+            drop(state);
+            wake([next]);
+        }
+        Some((input, key, value))
     }
 
     /// Lowers `key`'s rank (or every key's, for `None`) to what `input` ranks at now.
@@ -765,11 +793,11 @@ impl<F: Flavor, K, V> Drop for Sender<F, K, V> {
         state.senders -= 1;
         let wakers = match state.senders {
             0 => self.chan.close(&mut state),
-            _ => Vec::new(),
+            _ => None,
         };
         drop(state);
         wake([next]);
-        wakers.into_iter().for_each(Waker::wake);
+        self.chan.wake_closed(wakers);
     }
 }
 
@@ -816,6 +844,8 @@ where
                 let wakes = self.after_batch(&state, now, was_first);
                 drop(state);
                 wake(wakes);
+                // Woken before its timer fired (a full key, a flush, a close): park the timer.
+                self.disarm(now);
                 return Poll::Ready(Some(batch));
             }
             if state.closed_at.is_some() {
@@ -987,7 +1017,7 @@ where
 
     pub(crate) fn close(&self) {
         let wakers = self.chan.close(&mut self.chan.lock());
-        wakers.into_iter().for_each(Waker::wake);
+        self.chan.wake_closed(wakers);
     }
 
     pub(crate) fn stats(&self) -> Stats {
@@ -1065,7 +1095,7 @@ impl<F: Flavor, K, V> Drop for Receiver<F, K, V> {
         let pending = state.queue.take_all();
         state.arrivals = VecDeque::new();
         drop(state);
-        wakers.into_iter().for_each(Waker::wake);
+        self.chan.wake_closed(wakers);
         drop(pending);
     }
 }

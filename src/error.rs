@@ -49,8 +49,8 @@ pub struct SendError<T>(pub T);
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum TrySendError<T> {
-    /// The channel has no room: it holds `capacity` pending values, or earlier `send` calls
-    /// are still waiting for room.
+    /// The channel has no room for the value now: a limit (`capacity`, `max_weight`,
+    /// `max_keys`) is reached, or earlier `send` calls are still waiting for room.
     Full(T),
     /// The channel is closed.
     Closed(T),

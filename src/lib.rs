@@ -100,10 +100,11 @@
 //! - `Receiver::drain_now()` takes everything pending at once, split by the caps: for
 //!   shutdown paths that cannot wait.
 //! - `stats()` on any handle returns a [`stats::Stats`] snapshot: what is pending, totals
-//!   sent and delivered, deliveries by why they came due, and the age of the oldest pending
-//!   value.
+//!   sent and delivered, deliveries by why they came due, and how long the oldest pending
+//!   run of values has waited.
 //! - Senders are [`Sink`]s too, so `stream.map(Ok).forward(tx)` works, and
-//!   `Sender::closed()` resolves once no one will receive any more.
+//!   `Sender::closed()` resolves once the channel is closed for sending: every receiver is
+//!   gone, or one called `close`.
 //!
 //! [`Sink`]: futures_sink::Sink
 //!

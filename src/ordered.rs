@@ -136,7 +136,8 @@ impl Default for Builder {
 
 impl<W> Builder<W> {
     /// Weighs each value, once, when it is sent: the weight limits then count weight instead
-    /// of values.
+    /// of values. The total pending weight must fit in a `usize`: a send that would overflow
+    /// it panics.
     ///
     /// # Examples
     ///
@@ -380,10 +381,10 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
     ///
     /// # Errors
     ///
-    /// [`TrySendError::Closed`] if the channel is closed, and [`TrySendError::Full`] if it
-    /// holds `capacity` pending values or earlier `send` calls are waiting for room. A closed
-    /// channel reports `Closed` even when full. The sort key, key and value come back either
-    /// way.
+    /// [`TrySendError::Closed`] if the channel is closed, and [`TrySendError::Full`] if a
+    /// limit (`capacity`, `max_weight`, `max_keys`) leaves no room for it now, or earlier
+    /// `send` calls are waiting for room. A closed channel reports `Closed` even when full.
+    /// The sort key, key and value come back either way.
     ///
     /// # Examples
     ///
@@ -508,6 +509,30 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
     pub fn stats(&self) -> Stats {
         self.inner.stats()
     }
+
+    /// Takes back the value the [`Sink`] impl holds, if it has not gone in yet, and gives up
+    /// its place in the line of waiting senders.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use futures::SinkExt;
+    /// use sorted_channel::ordered;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let (mut tx, _rx) = ordered::Builder::new().capacity(1).build();
+    /// tx.try_send(0, "a", 1).unwrap();
+    /// // The channel is full: give up after a while.
+    /// let sent = tokio::time::timeout(Duration::from_millis(10), SinkExt::send(&mut tx, (0, "b", 2)));
+    /// assert!(sent.await.is_err());
+    /// assert_eq!(tx.abort_send(), Some((0, "b", 2)));
+    /// # }
+    /// ```
+    pub fn abort_send(&mut self) -> Option<(S, K, V)> {
+        self.inner.abort_send()
+    }
 }
 
 /// Sends `(sort_key, key, value)` triples, so that `stream.map(..).forward(tx)` works.
@@ -515,6 +540,18 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
 /// `poll_ready` sends the value `start_send` took last, waiting for room as
 /// [`Sender::send`] does: it honours the capacity, weight and key limits without busy-looping.
 /// A value whose send fails comes back in the error.
+///
+/// # Cancel safety
+///
+/// A value taken by `start_send` stays in this sender until a later `poll_ready`,
+/// `poll_flush` or `poll_close` sends it, and while it waits for room it keeps its place in
+/// the line of waiting senders, ahead of later ones. To give up on it (after a timeout, say),
+/// call [`Sender::abort_send`], or drop the sender.
+///
+/// # Panics
+///
+/// `start_send` panics if the previous value has not gone in: call `poll_ready` first, as the
+/// `Sink` contract asks.
 ///
 /// # Examples
 ///
@@ -605,8 +642,8 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
     /// the channel.
     ///
     /// Prefer it to `StreamExt::next` in `select!` when receivers are cloned: a dropped
-    /// `next()` future cannot give up the receiver's place among the waiters, so until the
-    /// receiver is polled again or dropped, the others may wait longer for a deadline.
+    /// `next()` future cannot give up the receiver's place among the waiters, so until this
+    /// receiver is polled again or dropped, the others are not woken when values arrive.
     ///
     /// # Examples
     ///
@@ -630,6 +667,10 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
     ///
     /// Returns `Poll::Pending` while nothing is pending, and `Poll::Ready(None)` once the
     /// channel is closed and drained.
+    ///
+    /// A receiver that returned `Pending` keeps its place among the waiting receivers until it
+    /// is polled again or dropped; with cloned receivers, keep polling it (or drop it), or the
+    /// others are not woken. The `Stream` impl works the same way.
     ///
     /// # Examples
     ///

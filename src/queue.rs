@@ -352,6 +352,10 @@ where
     /// This is how a caller makes a full key due at once without a second lookup. Returns
     /// whether the key now leads, as [`push`](Self::push) does.
     ///
+    /// # Panics
+    ///
+    /// Panics, changing nothing, if the total pending weight would overflow `usize`.
+    ///
     /// # Examples
     ///
     /// ```
@@ -684,6 +688,10 @@ where
     ) -> Inserted {
         self.repair();
         let (count, weight) = items.size();
+        // Weights are the caller's numbers: refuse, before anything changes, a total that
+        // does not fit. Every key's total is part of the queue's, so that one check will do.
+        let total = weight.checked_add(self.weight);
+        assert!(total.is_some(), "the total pending weight overflows usize");
         // User code (`Hash`, `Eq`, the rank closure, `Ord`, `Clone`) runs before anything
         // changes, except heap pushes, which `dirty` guards.
         let hash = self.hasher.hash_one(&key);
@@ -962,7 +970,13 @@ impl<V> Items<V> {
         match self {
             Items::One(_, weight) => (1, *weight),
             Items::Front(values, None) => (values.len(), values.len()),
-            Items::Front(_, Some(weights)) => (weights.len(), weights.iter().sum()),
+            Items::Front(_, Some(weights)) => {
+                let sum = weights
+                    .iter()
+                    .try_fold(0usize, |sum, w| sum.checked_add(*w));
+                let sum = sum.expect("the total pending weight overflows usize");
+                (weights.len(), sum)
+            }
         }
     }
 }
@@ -1170,6 +1184,22 @@ mod tests {
         }
         // Key 1 leads from its first rank under key 0's 370, and on every push after that.
         assert_eq!(led, (266..=369).rev().collect::<Vec<_>>());
+    }
+
+    /// Found in review: weights that overflow `usize` used to wrap or panic half way, and
+    /// the value that panicked stayed counted but could not be taken.
+    #[test]
+    fn overflowing_weight_panics_and_changes_nothing() {
+        let mut q = SortedQueue::new();
+        q.push_with("a", 1, 1, |_, _| 0);
+        assert!(panics(|| {
+            q.push_with("b", 2, usize::MAX, |_, _| 0);
+        }));
+        assert!(panics(|| {
+            q.requeue_weighted("b", vec![3, 4], vec![usize::MAX, 1], 0);
+        }));
+        assert_eq!((q.len(), q.weight(), q.key_count()), (1, 1, 1));
+        assert_eq!(q.pop_batch(10, |_| true), vec![("a", vec![1])]);
     }
 
     #[test]

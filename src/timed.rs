@@ -237,7 +237,8 @@ impl<W> Builder<W> {
     /// Weighs each value, once, when it is sent: the weight limits then count weight instead
     /// of values.
     ///
-    /// Typical use: `|body: &Vec<u8>| body.len()`, so that batches stay under a size.
+    /// Typical use: `|body: &Vec<u8>| body.len()`, so that batches stay under a size. The
+    /// total pending weight must fit in a `usize`: a send that would overflow it panics.
     ///
     /// # Examples
     ///
@@ -588,9 +589,10 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
     ///
     /// # Errors
     ///
-    /// [`TrySendError::Closed`] if the channel is closed, and [`TrySendError::Full`] if it
-    /// holds `capacity` pending values or earlier `send` calls are waiting for room. A closed
-    /// channel reports `Closed` even when full. The key and value come back either way.
+    /// [`TrySendError::Closed`] if the channel is closed, and [`TrySendError::Full`] if a
+    /// limit (`capacity`, `max_weight`, `max_keys`) leaves no room for it now, or earlier
+    /// `send` calls are waiting for room. A closed channel reports `Closed` even when full.
+    /// The key and value come back either way.
     ///
     /// # Examples
     ///
@@ -792,6 +794,30 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
     pub fn stats(&self) -> Stats {
         self.inner.stats()
     }
+
+    /// Takes back the value the [`Sink`] impl holds, if it has not gone in yet, and gives up
+    /// its place in the line of waiting senders.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use futures::SinkExt;
+    /// use sorted_channel::timed;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let (mut tx, _rx) = timed::Builder::new(Duration::from_secs(1)).capacity(1).build();
+    /// tx.try_send("a", 1).unwrap();
+    /// // The channel is full: give up after a while.
+    /// let sent = tokio::time::timeout(Duration::from_millis(10), SinkExt::send(&mut tx, ("b", 2)));
+    /// assert!(sent.await.is_err());
+    /// assert_eq!(tx.abort_send(), Some(("b", 2)));
+    /// # }
+    /// ```
+    pub fn abort_send(&mut self) -> Option<(K, V)> {
+        self.inner.abort_send().map(without_due)
+    }
 }
 
 /// Sends `(key, value)` pairs, so that `stream.map(..).forward(tx)` works.
@@ -799,6 +825,18 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
 /// `poll_ready` sends the value `start_send` took last, waiting for room as
 /// [`Sender::send`] does: it honours the capacity, weight and key limits without busy-looping.
 /// A value whose send fails comes back in the error.
+///
+/// # Cancel safety
+///
+/// A value taken by `start_send` stays in this sender until a later `poll_ready`,
+/// `poll_flush` or `poll_close` sends it, and while it waits for room it keeps its place in
+/// the line of waiting senders, ahead of later ones. To give up on it (after a timeout, say),
+/// call [`Sender::abort_send`], or drop the sender.
+///
+/// # Panics
+///
+/// `start_send` panics if the previous value has not gone in: call `poll_ready` first, as the
+/// `Sink` contract asks.
 ///
 /// # Examples
 ///
@@ -896,8 +934,13 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     /// waiting receiver takes over.
     ///
     /// Prefer it to `StreamExt::next` in `select!` when receivers are cloned: a dropped
-    /// `next()` future cannot give up the receiver's place among the waiters, so until the
-    /// receiver is polled again or dropped, the others may wait longer for a deadline.
+    /// `next()` future cannot give up the receiver's place among the waiters, and only the
+    /// first waiting receiver sleeps on the deadline, so until this receiver is polled again
+    /// or dropped, the others are not woken for deadlines at all.
+    ///
+    /// # Panics
+    ///
+    /// Panics if it has to wait for a deadline outside a tokio runtime with time enabled.
     ///
     /// # Examples
     ///
@@ -922,6 +965,14 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     ///
     /// Returns `Poll::Pending` until a key is due, and `Poll::Ready(None)` once the channel is
     /// closed and drained. When pending, the waker in `cx` is woken when a key may be due.
+    ///
+    /// A receiver that returned `Pending` keeps its place among the waiting receivers until it
+    /// is polled again or dropped; with cloned receivers, keep polling it (or drop it), or the
+    /// others are not woken for deadlines. The `Stream` impl works the same way.
+    ///
+    /// # Panics
+    ///
+    /// Panics if it has to wait for a deadline outside a tokio runtime with time enabled.
     ///
     /// # Examples
     ///

@@ -285,3 +285,42 @@ fn closed_and_full_is_closed() {
         Err(TrySendError::Closed((1, "a", 2)))
     );
 }
+
+/// Found in review: `close` woke `closed()` waiters with the lock held, so a waker that looks
+/// at the channel deadlocked. Waiters are now woken after the lock is released.
+#[test]
+fn closed_waiters_are_woken_outside_the_lock() {
+    use std::future::Future;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::task::{Context, Wake, Waker};
+
+    struct Peek {
+        tx: timed::Sender<u8, u8>,
+        saw_closed: AtomicBool,
+    }
+    impl Wake for Peek {
+        fn wake(self: Arc<Self>) {
+            // Takes the channel's lock.
+            self.saw_closed.store(self.tx.is_closed(), Ordering::SeqCst);
+        }
+    }
+
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (tx, rx) = timed::channel::<u8, u8>(Duration::from_secs(1));
+        let peek = Arc::new(Peek {
+            tx: tx.clone(),
+            saw_closed: AtomicBool::new(false),
+        });
+        let waker = Waker::from(Arc::clone(&peek));
+        let mut cx = Context::from_waker(&waker);
+        let mut closed = Box::pin(tx.closed());
+        assert!(closed.as_mut().poll(&mut cx).is_pending());
+        drop(rx);
+        let _ = done.send(peek.saw_closed.load(Ordering::SeqCst));
+    });
+    let saw_closed = finished
+        .recv_timeout(Duration::from_secs(10))
+        .expect("dropping the receiver deadlocked in the closed() waker");
+    assert!(saw_closed);
+}

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::task::Poll;
 use std::time::Duration;
 
-use futures::{stream, Sink, StreamExt};
+use futures::{stream, Sink, SinkExt, StreamExt};
 use sorted_channel::error::SendError;
 use sorted_channel::{ordered, timed};
 use tokio::time::{advance, Instant};
@@ -376,4 +376,23 @@ async fn closed_ignores_other_senders() {
     assert!(!closed.is_woken());
     assert_pending!(closed.poll());
     assert!(!tx.is_closed());
+}
+
+/// A `Sink` send given up on (here, by a timeout) keeps its value and its place in line, ahead
+/// of later senders, until `abort_send` takes the value back.
+#[tokio::test(start_paused = true)]
+async fn abort_send_gives_up_the_place_in_line() {
+    let (mut tx, mut rx) = timed::Builder::new(Duration::from_secs(1))
+        .capacity(1)
+        .build();
+    let tx2 = tx.clone();
+    tx.try_send("a", 1).unwrap();
+    let sent = tokio::time::timeout(Duration::from_millis(10), SinkExt::send(&mut tx, ("b", 2)));
+    assert!(sent.await.is_err());
+    assert_eq!(rx.drain_now(), vec![vec![("a", vec![1])]]);
+    assert!(tx2.try_send("c", 3).unwrap_err().is_full());
+    assert_eq!(tx.abort_send(), Some(("b", 2)));
+    assert_eq!(tx.abort_send(), None);
+    tx2.try_send("c", 3).unwrap();
+    assert_eq!(rx.drain_now(), vec![vec![("c", vec![3])]]);
 }
