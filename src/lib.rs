@@ -138,6 +138,7 @@
     unreachable_pub
 )]
 
+pub mod builder;
 mod chan;
 pub mod error;
 pub mod ordered;

@@ -34,6 +34,7 @@ use futures_core::Stream;
 use futures_sink::Sink;
 use tokio::time::Instant;
 
+use crate::builder;
 use crate::chan::{self, Clock, Config, Flavor, Weigher, Why};
 use crate::error::{SendError, TryRecvError, TrySendError};
 use crate::stats::Stats;
@@ -90,7 +91,8 @@ pub fn channel<S: Ord + Clone, K: Hash + Eq + Clone, V>() -> (Sender<S, K, V>, R
 
 /// Builds an `ordered` channel with limits.
 ///
-/// Every limit is off by default. The crate docs have a table of all of them.
+/// Every limit is off by default. The crate docs have a table of all of them. The limits
+/// both flavours share are documented on [`builder::Builder`](crate::builder::Builder).
 ///
 /// # Examples
 ///
@@ -103,11 +105,7 @@ pub fn channel<S: Ord + Clone, K: Hash + Eq + Clone, V>() -> (Sender<S, K, V>, R
 ///     .build::<u32, u64, String>();
 /// # drop((tx, rx));
 /// ```
-#[derive(Clone)]
-pub struct Builder<W = ()> {
-    config: Config,
-    weigher: W,
-}
+pub type Builder<W = ()> = builder::Builder<builder::Ordered, W>;
 
 impl Builder {
     /// Starts a builder with every limit off.
@@ -121,10 +119,7 @@ impl Builder {
     /// # drop((tx, rx));
     /// ```
     pub fn new() -> Self {
-        Builder {
-            config: Config::new(Duration::ZERO),
-            weigher: (),
-        }
+        Builder::with(Config::new(Duration::ZERO))
     }
 }
 
@@ -135,161 +130,6 @@ impl Default for Builder {
 }
 
 impl<W> Builder<W> {
-    /// Weighs each value, once, when it is sent: the weight limits then count weight instead
-    /// of values. The total pending weight must fit in a `usize`: a send that would overflow
-    /// it panics.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use sorted_channel::ordered::Builder;
-    ///
-    /// let (tx, rx) = Builder::new()
-    ///     .weigher(|record: &String| record.len())
-    ///     .build::<u8, u32, String>();
-    /// tx.try_send(0, 1, "hello".to_string()).unwrap();
-    /// assert_eq!(rx.stats().pending_weight, 5);
-    /// ```
-    pub fn weigher<V, F>(self, f: F) -> Builder<F>
-    where
-        F: Fn(&V) -> usize + Send + Sync + 'static,
-    {
-        Builder {
-            config: self.config,
-            weigher: f,
-        }
-    }
-
-    /// Caps the number of values in one batch.
-    ///
-    /// A key with more values than the room left in a batch is split: its oldest values fill
-    /// the batch, and the rest keep the key's rank for the next one.
-    ///
-    /// # Panics
-    ///
-    /// Panics if `n` is 0.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use sorted_channel::ordered::Builder;
-    ///
-    /// let (tx, mut rx) = Builder::new().max_batch(2).build();
-    /// tx.try_send(1, "a", 1).unwrap();
-    /// tx.try_send(2, "b", 2).unwrap();
-    /// tx.try_send(3, "c", 3).unwrap();
-    /// assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1]), ("b", vec![2])]));
-    /// assert_eq!(rx.try_recv(), Ok(vec![("c", vec![3])]));
-    /// ```
-    #[track_caller]
-    pub fn max_batch(mut self, n: usize) -> Self {
-        Config::set(&mut self.config.max_batch, n, "max_batch");
-        self
-    }
-
-    /// Caps the total weight of one batch, splitting keys as [`max_batch`](Self::max_batch)
-    /// does. A single value heavier than `n` goes out alone rather than being stuck.
-    ///
-    /// # Panics
-    ///
-    /// Panics if `n` is 0.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use sorted_channel::ordered::Builder;
-    ///
-    /// let (tx, mut rx) = Builder::new()
-    ///     .weigher(|body: &&str| body.len())
-    ///     .max_batch_weight(8)
-    ///     .build();
-    /// tx.try_send(1, "a", "hello").unwrap();
-    /// tx.try_send(2, "b", "world").unwrap();
-    /// assert_eq!(rx.try_recv(), Ok(vec![("a", vec!["hello"])]));
-    /// assert_eq!(rx.try_recv(), Ok(vec![("b", vec!["world"])]));
-    /// ```
-    #[track_caller]
-    pub fn max_batch_weight(mut self, n: usize) -> Self {
-        Config::set(&mut self.config.max_batch_weight, n, "max_batch_weight");
-        self
-    }
-
-    /// Bounds the pending values: `send` waits and `try_send` fails while `n` are pending.
-    ///
-    /// Room returns as soon as a batch is taken. Requeued values count as pending but are
-    /// always accepted, so the pending count can exceed `n`.
-    ///
-    /// # Panics
-    ///
-    /// Panics if `n` is 0.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use sorted_channel::ordered::Builder;
-    ///
-    /// let (tx, rx) = Builder::new().capacity(1).build();
-    /// tx.try_send(1, "k", 1).unwrap();
-    /// assert!(tx.try_send(1, "k", 2).unwrap_err().is_full());
-    /// # drop(rx);
-    /// ```
-    #[track_caller]
-    pub fn capacity(mut self, n: usize) -> Self {
-        Config::set(&mut self.config.capacity, n, "capacity");
-        self
-    }
-
-    /// Bounds the pending weight, as a memory budget: a value goes in only if the pending
-    /// weight stays at or under `n` with it (or nothing is pending), else `send` waits and
-    /// `try_send` fails.
-    ///
-    /// # Panics
-    ///
-    /// Panics if `n` is 0.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use sorted_channel::ordered::Builder;
-    ///
-    /// let (tx, rx) = Builder::new()
-    ///     .weigher(|body: &Vec<u8>| body.len())
-    ///     .max_weight(1024)
-    ///     .build();
-    /// tx.try_send(0, "k", vec![0; 1000]).unwrap();
-    /// assert!(tx.try_send(0, "k", vec![0; 100]).unwrap_err().is_full());
-    /// # drop(rx);
-    /// ```
-    #[track_caller]
-    pub fn max_weight(mut self, n: usize) -> Self {
-        Config::set(&mut self.config.max_weight, n, "max_weight");
-        self
-    }
-
-    /// Bounds the pending keys: a value for a key that is not pending waits (`send`) or is
-    /// refused (`try_send`) while `n` keys are pending. Values for pending keys still go in.
-    ///
-    /// # Panics
-    ///
-    /// Panics if `n` is 0.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use sorted_channel::ordered::Builder;
-    ///
-    /// let (tx, rx) = Builder::new().max_keys(1).build();
-    /// tx.try_send(0, "a", 1).unwrap();
-    /// assert!(tx.try_send(0, "b", 2).unwrap_err().is_full());
-    /// tx.try_send(0, "a", 3).unwrap();
-    /// # drop(rx);
-    /// ```
-    #[track_caller]
-    pub fn max_keys(mut self, n: usize) -> Self {
-        Config::set(&mut self.config.max_keys, n, "max_keys");
-        self
-    }
-
     /// Creates the channel.
     ///
     /// # Examples
@@ -310,14 +150,6 @@ impl<W> Builder<W> {
     {
         let (tx, rx) = chan::channel(self.config, self.weigher);
         (Sender { inner: tx }, Receiver { inner: rx })
-    }
-}
-
-impl<W> fmt::Debug for Builder<W> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Builder")
-            .field("config", &self.config)
-            .finish_non_exhaustive()
     }
 }
 

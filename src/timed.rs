@@ -38,6 +38,7 @@ use futures_core::Stream;
 use futures_sink::Sink;
 use tokio::time::Instant;
 
+use crate::builder;
 use crate::chan::{self, Clock, Config, Flavor, Weigher, Why, FAR};
 use crate::error::{SendError, TryRecvError, TrySendError};
 use crate::stats::Stats;
@@ -192,7 +193,8 @@ pub fn channel<K: Hash + Eq + Clone, V>(window: Duration) -> (Sender<K, V>, Rece
 
 /// Builds a `timed` channel with limits.
 ///
-/// Every limit is off by default. The crate docs have a table of all of them.
+/// Every limit is off by default. The crate docs have a table of all of them. The limits
+/// both flavours share are documented on [`builder::Builder`](crate::builder::Builder).
 ///
 /// # Examples
 ///
@@ -207,11 +209,7 @@ pub fn channel<K: Hash + Eq + Clone, V>(window: Duration) -> (Sender<K, V>, Rece
 ///     .build::<u64, String>();
 /// # drop((tx, rx));
 /// ```
-#[derive(Clone)]
-pub struct Builder<W = ()> {
-    config: Config,
-    weigher: W,
-}
+pub type Builder<W = ()> = builder::Builder<builder::Timed, W>;
 
 impl Builder {
     /// Starts a builder for keys that are due `window` after their first pending value.
@@ -226,101 +224,11 @@ impl Builder {
     /// # drop((tx, rx));
     /// ```
     pub fn new(window: Duration) -> Self {
-        Builder {
-            config: Config::new(window),
-            weigher: (),
-        }
+        Builder::with(Config::new(window))
     }
 }
 
 impl<W> Builder<W> {
-    /// Weighs each value, once, when it is sent: the weight limits then count weight instead
-    /// of values.
-    ///
-    /// Typical use: `|body: &Vec<u8>| body.len()`, so that batches stay under a size. The
-    /// total pending weight must fit in a `usize`: a send that would overflow it panics.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use sorted_channel::timed::Builder;
-    ///
-    /// let (tx, rx) = Builder::new(Duration::from_secs(1))
-    ///     .weigher(|record: &String| record.len())
-    ///     .build::<u32, String>();
-    /// tx.try_send(1, "hello".to_string()).unwrap();
-    /// assert_eq!(rx.stats().pending_weight, 5);
-    /// ```
-    pub fn weigher<V, F>(self, f: F) -> Builder<F>
-    where
-        F: Fn(&V) -> usize + Send + Sync + 'static,
-    {
-        Builder {
-            config: self.config,
-            weigher: f,
-        }
-    }
-
-    /// Caps the number of values in one batch.
-    ///
-    /// A key with more values than the room left in a batch is split: its oldest values fill
-    /// the batch, and the rest keep the key's place at the front of the next one.
-    ///
-    /// # Panics
-    ///
-    /// Panics if `n` is 0.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use sorted_channel::timed::Builder;
-    ///
-    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-    /// # async fn main() {
-    /// let (tx, mut rx) = Builder::new(Duration::ZERO).max_batch(2).build();
-    /// for v in 1..=3 {
-    ///     tx.send("k", v).await.unwrap();
-    /// }
-    /// assert_eq!(rx.recv().await, Some(vec![("k", vec![1, 2])]));
-    /// assert_eq!(rx.recv().await, Some(vec![("k", vec![3])]));
-    /// # }
-    /// ```
-    #[track_caller]
-    pub fn max_batch(mut self, n: usize) -> Self {
-        Config::set(&mut self.config.max_batch, n, "max_batch");
-        self
-    }
-
-    /// Caps the total weight of one batch, splitting keys as [`max_batch`](Self::max_batch)
-    /// does. A single value heavier than `n` goes out alone rather than being stuck.
-    ///
-    /// # Panics
-    ///
-    /// Panics if `n` is 0.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use sorted_channel::timed::Builder;
-    ///
-    /// let (tx, mut rx) = Builder::new(Duration::ZERO)
-    ///     .weigher(|body: &&str| body.len())
-    ///     .max_batch_weight(8)
-    ///     .build();
-    /// tx.try_send("k", "hello").unwrap();
-    /// tx.try_send("k", "world").unwrap();
-    /// assert_eq!(rx.try_recv(), Ok(vec![("k", vec!["hello"])]));
-    /// assert_eq!(rx.try_recv(), Ok(vec![("k", vec!["world"])]));
-    /// ```
-    #[track_caller]
-    pub fn max_batch_weight(mut self, n: usize) -> Self {
-        Config::set(&mut self.config.max_batch_weight, n, "max_batch_weight");
-        self
-    }
-
     /// Makes a key due at once when it holds `n` pending values, whatever its deadline.
     ///
     /// # Panics
@@ -376,86 +284,6 @@ impl<W> Builder<W> {
         self
     }
 
-    /// Bounds the pending values: `send` waits and `try_send` fails while `n` are pending.
-    ///
-    /// Room returns as soon as a batch is taken. Requeued values count as pending but are
-    /// always accepted, so the pending count can exceed `n`.
-    ///
-    /// # Panics
-    ///
-    /// Panics if `n` is 0.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use sorted_channel::timed::Builder;
-    ///
-    /// let (tx, rx) = Builder::new(Duration::from_secs(1)).capacity(1).build();
-    /// tx.try_send("k", 1).unwrap();
-    /// assert!(tx.try_send("k", 2).unwrap_err().is_full());
-    /// # drop(rx);
-    /// ```
-    #[track_caller]
-    pub fn capacity(mut self, n: usize) -> Self {
-        Config::set(&mut self.config.capacity, n, "capacity");
-        self
-    }
-
-    /// Bounds the pending weight, as a memory budget: a value goes in only if the pending
-    /// weight stays at or under `n` with it (or nothing is pending), else `send` waits and
-    /// `try_send` fails.
-    ///
-    /// # Panics
-    ///
-    /// Panics if `n` is 0.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use sorted_channel::timed::Builder;
-    ///
-    /// let (tx, rx) = Builder::new(Duration::from_secs(1))
-    ///     .weigher(|body: &Vec<u8>| body.len())
-    ///     .max_weight(1024)
-    ///     .build();
-    /// tx.try_send("k", vec![0; 1000]).unwrap();
-    /// assert!(tx.try_send("k", vec![0; 100]).unwrap_err().is_full());
-    /// tx.try_send("k", vec![0; 24]).unwrap();
-    /// # drop(rx);
-    /// ```
-    #[track_caller]
-    pub fn max_weight(mut self, n: usize) -> Self {
-        Config::set(&mut self.config.max_weight, n, "max_weight");
-        self
-    }
-
-    /// Bounds the pending keys: a value for a key that is not pending waits (`send`) or is
-    /// refused (`try_send`) while `n` keys are pending. Values for pending keys still go in.
-    ///
-    /// # Panics
-    ///
-    /// Panics if `n` is 0.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use sorted_channel::timed::Builder;
-    ///
-    /// let (tx, rx) = Builder::new(Duration::from_secs(1)).max_keys(1).build();
-    /// tx.try_send("a", 1).unwrap();
-    /// assert!(tx.try_send("b", 2).unwrap_err().is_full());
-    /// tx.try_send("a", 3).unwrap();
-    /// # drop(rx);
-    /// ```
-    #[track_caller]
-    pub fn max_keys(mut self, n: usize) -> Self {
-        Config::set(&mut self.config.max_keys, n, "max_keys");
-        self
-    }
-
     /// Creates the channel.
     ///
     /// # Examples
@@ -473,14 +301,6 @@ impl<W> Builder<W> {
     {
         let (tx, rx) = chan::channel(self.config, self.weigher);
         (Sender { inner: tx }, Receiver { inner: rx })
-    }
-}
-
-impl<W> fmt::Debug for Builder<W> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Builder")
-            .field("config", &self.config)
-            .finish_non_exhaustive()
     }
 }
 
