@@ -92,7 +92,7 @@ pub fn channel<S: Ord + Clone, K: Hash + Eq + Clone, V>() -> (Sender<S, K, V>, R
 /// Builds an `ordered` channel with limits.
 ///
 /// Every limit is off by default. The crate docs have a table of all of them. The limits
-/// both flavours share are documented on [`builder::Builder`](crate::builder::Builder).
+/// both flavours share are documented on [`builder::Builder`].
 ///
 /// # Examples
 ///

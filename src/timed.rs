@@ -194,7 +194,7 @@ pub fn channel<K: Hash + Eq + Clone, V>(window: Duration) -> (Sender<K, V>, Rece
 /// Builds a `timed` channel with limits.
 ///
 /// Every limit is off by default. The crate docs have a table of all of them. The limits
-/// both flavours share are documented on [`builder::Builder`](crate::builder::Builder).
+/// both flavours share are documented on [`builder::Builder`].
 ///
 /// # Examples
 ///
