@@ -2,8 +2,9 @@
 //! and the close flag. The public handles in `timed` and `ordered` are thin fronts over the
 //! generic `Sender` and `Receiver` here.
 //!
-//! Everything lives under one mutex; there are no atomics or wakers outside it. Wakers are
-//! collected under the lock and woken after it is released.
+//! Everything lives under one mutex; the only waker list outside it is the `Notify` behind
+//! `Sender::closed()`, which is written once, on close. Wakers are collected under the lock
+//! and woken after it is released.
 
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
