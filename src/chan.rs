@@ -309,8 +309,9 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
     /// The first send waiting for room, if there is room now.
     fn room_waiter(&self, state: &State<F::Rank, K, V>) -> Option<Waker> {
         let (_, waiter) = state.room_waiters.front()?;
+        // At exactly `max_weight`, a weightless value still fits.
         let room = state.queue.len() < self.config.capacity
-            && state.queue.weight() < self.config.max_weight;
+            && state.queue.weight() <= self.config.max_weight;
         room.then(|| waiter.clone())
     }
 
@@ -387,11 +388,15 @@ where
         let weight = state.queue.weight();
         let fits =
             state.queue.is_empty() || weight.saturating_add(queued.weight) <= config.max_weight;
-        if state.queue.len() >= config.capacity
-            || !fits
-            || !my_turn(Line::Room, &state.room_waiters)
-        {
-            return Err(Blocked::Wait(Line::Room));
+        let room = state.queue.len() < config.capacity && fits;
+        // A send waits for room first, in turn; then, for a new key, for a key slot, in turn.
+        // Once in the key line it has had its turn for room, so it does not queue for room
+        // again: two lines that each waited on the other would hand turns back and forth
+        // for ever.
+        let in_key_line = place.is_some_and(|p| p.line == Line::Key);
+        if !room || (!in_key_line && !my_turn(Line::Room, &state.room_waiters)) {
+            let line = if in_key_line { Line::Key } else { Line::Room };
+            return Err(Blocked::Wait(line));
         }
         if config.max_keys != usize::MAX && !state.queue.contains_key(&queued.key) {
             let free = state.queue.key_count() < config.max_keys;

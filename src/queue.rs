@@ -587,6 +587,8 @@ where
             if count == 0 || !is_due(&ticket.rank) {
                 break;
             }
+            // A value heavier than the whole cap goes out alone.
+            let alone = weight > room_weight;
             room -= count;
             room_weight = room_weight.saturating_sub(weight);
             if count == slot.values.len() {
@@ -598,6 +600,9 @@ where
                     split: None,
                 });
                 self.index.pop(side);
+                if alone {
+                    break;
+                }
             } else {
                 let split = Some(slot.key.clone());
                 plan.push(Take {
