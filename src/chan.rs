@@ -273,6 +273,14 @@ fn update_waker(slot: &mut Waker, waker: &Waker) {
 }
 
 impl<R, K, V> State<R, K, V> {
+    /// The sends waiting in `line`.
+    fn line(&mut self, line: Line) -> &mut VecDeque<(u64, Waker)> {
+        match line {
+            Line::Room => &mut self.room_waiters,
+            Line::Key => &mut self.key_waiters,
+        }
+    }
+
     /// Drops the arrivals of runs that ended, from the oldest on.
     fn drop_ended_runs(&mut self) {
         let queue = &self.queue;
@@ -325,10 +333,7 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
     /// Gives up a waiting send's place. If it was first in line, the next in line gets the
     /// turn it may have been woken for.
     fn leave(&self, state: &mut State<F::Rank, K, V>, place: Place) -> Option<Waker> {
-        let line = match place.line {
-            Line::Room => &mut state.room_waiters,
-            Line::Key => &mut state.key_waiters,
-        };
+        let line = state.line(place.line);
         let at = line.iter().position(|(id, _)| *id == place.id)?;
         line.remove(at);
         if at > 0 {
@@ -429,11 +434,7 @@ where
         if let Some(place) = place.take() {
             // Usually first in its line, but a send waiting for a key slot goes in as soon
             // as its key turns up pending, wherever it stands.
-            let line = match place.line {
-                Line::Room => &mut state.room_waiters,
-                Line::Key => &mut state.key_waiters,
-            };
-            line.retain(|(id, _)| *id != place.id);
+            state.line(place.line).retain(|(id, _)| *id != place.id);
         }
         let receiver = match inserted.leads {
             true => state.recv_waiters.first().map(|(_, w)| w.clone()),
@@ -479,23 +480,15 @@ where
                 *place = None;
             }
         }
-        let waiters = match line {
-            Line::Room => &mut state.room_waiters,
-            Line::Key => &mut state.key_waiters,
-        };
         match *place {
             Some(p) => {
-                let entry = waiters.iter_mut().find(|(id, _)| *id == p.id);
+                let entry = state.line(line).iter_mut().find(|(id, _)| *id == p.id);
                 update_waker(&mut entry.expect("a waiting send is in line").1, cx.waker());
             }
             None => {
                 state.next_id += 1;
                 let id = state.next_id;
-                let waiters = match line {
-                    Line::Room => &mut state.room_waiters,
-                    Line::Key => &mut state.key_waiters,
-                };
-                waiters.push_back((id, cx.waker().clone()));
+                state.line(line).push_back((id, cx.waker().clone()));
                 *place = Some(Place { id, line });
             }
         }
