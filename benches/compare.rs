@@ -1,4 +1,4 @@
-//! `sorted_channel` side by side with what a user would pick instead.
+//! `keyed_batch` side by side with what a user would pick instead.
 //!
 //! ```text
 //! cargo bench --bench compare -- --quick   # 3 rounds, 400,000 values a run, about a minute
@@ -19,8 +19,8 @@
 //! | `mpsc` | `tokio::sync::mpsc::unbounded_channel`, the consumer only checks and counts: the floor |
 //! | `diy_delayqueue` | mpsc into a consumer task holding `HashMap<K, Vec<V>>` and a `tokio_util::time::DelayQueue<K>` |
 //! | `origin_port` | the origin's design: one `Mutex<(BTreeMap<Instant, Vec<K>>, HashMap<K, Vec<V>>)>`, pulled, 100 ms naps |
-//! | `timed` | `sorted_channel::timed` |
-//! | `ordered` | `sorted_channel::ordered` with random `u32` sort keys (window 0 scenarios only) |
+//! | `timed` | `keyed_batch::timed` |
+//! | `ordered` | `keyed_batch::ordered` with random `u32` sort keys (window 0 scenarios only) |
 //! | `diy_binaryheap` | mpsc into a consumer task holding `HashMap` + `BinaryHeap`: what `ordered` replaces |
 //!
 //! # How a run goes
@@ -73,7 +73,7 @@ use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
-use sorted_channel::{ordered, timed, Batch};
+use keyed_batch::{ordered, timed, Batch};
 use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
 use tokio::sync::mpsc;
 use tokio_util::time::DelayQueue;
@@ -1192,7 +1192,7 @@ fn fmt_ratio(x: Option<f64>) -> String {
 fn markdown(md: &mut String, plan: &Plan, scenarios: &[ScenarioRuns], report: &Report) {
     let _ = writeln!(
         md,
-        "## sorted-channel compare ({}: {} rounds, {} values a run, medians)\n",
+        "## keyed-batch compare ({}: {} rounds, {} values a run, medians)\n",
         plan.label, plan.rounds, plan.values
     );
     let _ = writeln!(
@@ -1378,7 +1378,7 @@ fn chart(path: &std::path::Path, scenarios: &[ScenarioRuns]) -> Result<(), Box<d
     let root = SVGBackend::new(path, (1000, 760)).into_drawing_area();
     root.fill(&WHITE)?;
     let root = root.titled(
-        "sorted-channel: ns per value against keys (lower is better)",
+        "keyed-batch: ns per value against keys (lower is better)",
         ("sans-serif", 22),
     )?;
     let panels = root.split_evenly((2, 2));

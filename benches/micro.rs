@@ -19,7 +19,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
-use sorted_channel::{ordered, timed};
+use keyed_batch::{ordered, timed};
 
 const PENDING: [u64; 5] = [100, 1_000, 10_000, 100_000, 1_000_000];
 const BATCHES: [u64; 5] = [1, 10, 100, 1_000, 10_000];

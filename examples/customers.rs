@@ -1,4 +1,4 @@
-//! The origin design's demo, on `sorted_channel::timed`.
+//! The origin design's demo, on `keyed_batch::timed`.
 //!
 //! Four producer tasks each publish `key_k -> value_j_k` every 15 ms (`j` is the producer,
 //! `k` counts up). Each key is due 3 s after its first value arrived, and one consumer
@@ -13,7 +13,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sorted_channel::timed;
+use keyed_batch::timed;
 
 const PRODUCERS: usize = 4;
 const WINDOW: Duration = Duration::from_secs(3);

@@ -1,5 +1,5 @@
 //! Pushing events to customers over real HTTP: one request per event, against one request per
-//! customer per window through `sorted_channel::timed`.
+//! customer per window through `keyed_batch::timed`.
 //!
 //! ```text
 //! cargo run --release --example webhook
@@ -53,8 +53,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde::{Deserialize, Serialize};
-use sorted_channel::error::SendError;
-use sorted_channel::timed;
+use keyed_batch::error::SendError;
+use keyed_batch::timed;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, Semaphore};

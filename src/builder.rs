@@ -46,7 +46,7 @@ impl<F, W> Builder<F, W> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed::Builder;
+    /// use keyed_batch::timed::Builder;
     ///
     /// let (tx, rx) = Builder::new(Duration::from_secs(1))
     ///     .weigher(|record: &String| record.len())
@@ -78,7 +78,7 @@ impl<F, W> Builder<F, W> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed::Builder;
+    /// use keyed_batch::timed::Builder;
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
@@ -107,7 +107,7 @@ impl<F, W> Builder<F, W> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed::Builder;
+    /// use keyed_batch::timed::Builder;
     ///
     /// let (tx, mut rx) = Builder::new(Duration::ZERO)
     ///     .weigher(|body: &&str| body.len())
@@ -137,7 +137,7 @@ impl<F, W> Builder<F, W> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed::Builder;
+    /// use keyed_batch::timed::Builder;
     ///
     /// let (tx, rx) = Builder::new(Duration::from_secs(1)).capacity(1).build();
     /// tx.try_send("k", 1).unwrap();
@@ -162,7 +162,7 @@ impl<F, W> Builder<F, W> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed::Builder;
+    /// use keyed_batch::timed::Builder;
     ///
     /// let (tx, rx) = Builder::new(Duration::from_secs(1))
     ///     .weigher(|body: &Vec<u8>| body.len())
@@ -190,7 +190,7 @@ impl<F, W> Builder<F, W> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed::Builder;
+    /// use keyed_batch::timed::Builder;
     ///
     /// let (tx, rx) = Builder::new(Duration::from_secs(1)).max_keys(1).build();
     /// tx.try_send("a", 1).unwrap();

@@ -14,7 +14,7 @@ use std::fmt;
 ///
 /// ```
 /// use std::time::Duration;
-/// use sorted_channel::{error::SendError, timed};
+/// use keyed_batch::{error::SendError, timed};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
@@ -37,7 +37,7 @@ pub struct SendError<T>(pub T);
 ///
 /// ```
 /// use std::time::Duration;
-/// use sorted_channel::{error::TrySendError, timed};
+/// use keyed_batch::{error::TrySendError, timed};
 ///
 /// let (tx, rx) = timed::Builder::new(Duration::from_secs(1))
 ///     .capacity(1)
@@ -63,7 +63,7 @@ pub enum TrySendError<T> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use sorted_channel::{error::TryRecvError, timed};
+/// use keyed_batch::{error::TryRecvError, timed};
 ///
 /// let (tx, mut rx) = timed::channel::<&str, i32>(Duration::from_secs(1));
 /// tx.try_send("a", 1).unwrap();
@@ -88,7 +88,7 @@ impl<T> SendError<T> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::error::SendError;
+    /// use keyed_batch::error::SendError;
     ///
     /// assert_eq!(SendError(("a", 1)).into_inner(), ("a", 1));
     /// ```
@@ -123,7 +123,7 @@ impl<T> TrySendError<T> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::error::TrySendError;
+    /// use keyed_batch::error::TrySendError;
     ///
     /// assert_eq!(TrySendError::Full(7).into_inner(), 7);
     /// ```
@@ -138,7 +138,7 @@ impl<T> TrySendError<T> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::error::TrySendError;
+    /// use keyed_batch::error::TrySendError;
     ///
     /// assert!(TrySendError::Full(()).is_full());
     /// ```
@@ -151,7 +151,7 @@ impl<T> TrySendError<T> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::error::TrySendError;
+    /// use keyed_batch::error::TrySendError;
     ///
     /// assert!(TrySendError::Closed(()).is_closed());
     /// ```

@@ -20,7 +20,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use sorted_channel::timed;
+//! use keyed_batch::timed;
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() {
@@ -131,6 +131,7 @@
 //! other key's values are lost.
 
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(
     missing_docs,
     missing_debug_implementations,

@@ -8,7 +8,7 @@
 //! # Examples
 //!
 //! ```
-//! use sorted_channel::ordered;
+//! use keyed_batch::ordered;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
@@ -78,7 +78,7 @@ impl<S> Flavor for Ordered<S> {
 /// # Examples
 ///
 /// ```
-/// use sorted_channel::ordered;
+/// use keyed_batch::ordered;
 ///
 /// let (tx, mut rx) = ordered::channel();
 /// tx.try_send(2, "b", ()).unwrap();
@@ -97,7 +97,7 @@ pub fn channel<S: Ord + Clone, K: Hash + Eq + Clone, V>() -> (Sender<S, K, V>, R
 /// # Examples
 ///
 /// ```
-/// use sorted_channel::ordered;
+/// use keyed_batch::ordered;
 ///
 /// let (tx, rx) = ordered::Builder::new()
 ///     .max_batch(100)
@@ -113,7 +113,7 @@ impl Builder {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::ordered::Builder;
+    /// use keyed_batch::ordered::Builder;
     ///
     /// let (tx, rx) = Builder::new().build::<u8, &str, ()>();
     /// # drop((tx, rx));
@@ -136,7 +136,7 @@ impl<W> Builder<W> {
     ///
     /// ```
     /// use std::cmp::Reverse;
-    /// use sorted_channel::ordered::Builder;
+    /// use keyed_batch::ordered::Builder;
     ///
     /// // Highest weight first.
     /// let (tx, rx) = Builder::new().build::<Reverse<u32>, String, Vec<u8>>();
@@ -160,7 +160,7 @@ impl<W> Builder<W> {
 /// # Examples
 ///
 /// ```
-/// use sorted_channel::ordered;
+/// use keyed_batch::ordered;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
@@ -195,7 +195,7 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::ordered;
+    /// use keyed_batch::ordered;
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
@@ -221,7 +221,7 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::ordered;
+    /// use keyed_batch::ordered;
     ///
     /// let (tx, rx) = ordered::channel();
     /// tx.try_send(0, "k", 1).unwrap();
@@ -243,7 +243,7 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::ordered;
+    /// use keyed_batch::ordered;
     ///
     /// let (tx, mut rx) = ordered::channel();
     /// std::thread::spawn(move || tx.blocking_send(1, "k", 'v').unwrap())
@@ -261,7 +261,7 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::ordered;
+    /// use keyed_batch::ordered;
     ///
     /// let (tx, rx) = ordered::channel::<u8, u8, u8>();
     /// rx.close();
@@ -276,7 +276,7 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::ordered;
+    /// use keyed_batch::ordered;
     ///
     /// let (tx, _rx) = ordered::channel();
     /// tx.try_send(1, "a", ()).unwrap();
@@ -292,7 +292,7 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::ordered;
+    /// use keyed_batch::ordered;
     ///
     /// let (tx, _rx) = ordered::channel::<u8, u8, u8>();
     /// assert!(tx.is_empty());
@@ -313,7 +313,7 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::ordered;
+    /// use keyed_batch::ordered;
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
@@ -332,7 +332,7 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::ordered;
+    /// use keyed_batch::ordered;
     ///
     /// let (tx, _rx) = ordered::channel();
     /// tx.try_send(1, "a", ()).unwrap();
@@ -350,7 +350,7 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
     /// ```
     /// use std::time::Duration;
     /// use futures::SinkExt;
-    /// use sorted_channel::ordered;
+    /// use keyed_batch::ordered;
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
@@ -389,7 +389,7 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
 ///
 /// ```
 /// use futures::{stream, StreamExt};
-/// use sorted_channel::ordered;
+/// use keyed_batch::ordered;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
@@ -449,7 +449,7 @@ impl<S, K, V> fmt::Debug for Sender<S, K, V> {
 ///
 /// ```
 /// use futures::StreamExt;
-/// use sorted_channel::ordered;
+/// use keyed_batch::ordered;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
@@ -480,7 +480,7 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::ordered;
+    /// use keyed_batch::ordered;
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
@@ -508,7 +508,7 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
     ///
     /// ```
     /// use std::future::poll_fn;
-    /// use sorted_channel::ordered;
+    /// use keyed_batch::ordered;
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
@@ -532,7 +532,7 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::{error::TryRecvError, ordered};
+    /// use keyed_batch::{error::TryRecvError, ordered};
     ///
     /// let (tx, mut rx) = ordered::channel();
     /// assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
@@ -551,7 +551,7 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::ordered;
+    /// use keyed_batch::ordered;
     ///
     /// let (tx, mut rx) = ordered::channel();
     /// tx.try_send(1, "k", 'v').unwrap();
@@ -577,7 +577,7 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::ordered;
+    /// use keyed_batch::ordered;
     ///
     /// let (tx, mut rx) = ordered::channel();
     /// tx.try_send(5, "k", 1).unwrap();
@@ -600,7 +600,7 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::ordered;
+    /// use keyed_batch::ordered;
     ///
     /// let (tx, rx) = ordered::channel();
     /// tx.try_send(1, "a", ()).unwrap();
@@ -616,7 +616,7 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::ordered;
+    /// use keyed_batch::ordered;
     ///
     /// let (tx, rx) = ordered::channel();
     /// tx.try_send(1, "a", ()).unwrap();
@@ -632,7 +632,7 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::ordered;
+    /// use keyed_batch::ordered;
     ///
     /// let (tx, rx) = ordered::channel::<u8, u8, u8>();
     /// assert!(rx.is_empty());
@@ -647,7 +647,7 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::ordered;
+    /// use keyed_batch::ordered;
     ///
     /// let (tx, rx) = ordered::channel::<u8, u8, u8>();
     /// drop(tx);
@@ -666,7 +666,7 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::ordered;
+    /// use keyed_batch::ordered;
     ///
     /// let (tx, mut rx) = ordered::Builder::new().max_batch(1).build();
     /// tx.try_send(2, "b", ()).unwrap();
@@ -682,7 +682,7 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::ordered;
+    /// use keyed_batch::ordered;
     ///
     /// let (tx, rx) = ordered::channel();
     /// tx.try_send(1, "a", ()).unwrap();

@@ -14,7 +14,7 @@
 //! # Examples
 //!
 //! ```
-//! use sorted_channel::queue::SortedQueue;
+//! use keyed_batch::queue::SortedQueue;
 //!
 //! let mut q = SortedQueue::new();
 //! q.push("b", 1, 20);
@@ -187,7 +187,7 @@ impl<R, K, V> SortedQueue<R, K, V> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::queue::SortedQueue;
+    /// use keyed_batch::queue::SortedQueue;
     ///
     /// let mut q = SortedQueue::new();
     /// q.push("a", 1, 0);
@@ -205,7 +205,7 @@ impl<R, K, V> SortedQueue<R, K, V> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::queue::SortedQueue;
+    /// use keyed_batch::queue::SortedQueue;
     ///
     /// let mut q = SortedQueue::new();
     /// q.push("a", "xyz", 0);
@@ -222,7 +222,7 @@ impl<R, K, V> SortedQueue<R, K, V> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::queue::SortedQueue;
+    /// use keyed_batch::queue::SortedQueue;
     ///
     /// let mut q = SortedQueue::new();
     /// q.push("a", 1, 0);
@@ -238,7 +238,7 @@ impl<R, K, V> SortedQueue<R, K, V> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::queue::SortedQueue;
+    /// use keyed_batch::queue::SortedQueue;
     ///
     /// let mut q = SortedQueue::new();
     /// assert!(q.is_empty());
@@ -257,7 +257,7 @@ impl<R, K, V> SortedQueue<R, K, V> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::queue::SortedQueue;
+    /// use keyed_batch::queue::SortedQueue;
     ///
     /// let mut q = SortedQueue::new();
     /// for key in 0..100_000 {
@@ -298,7 +298,7 @@ impl<R: Ord, K, V> SortedQueue<R, K, V> {
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::queue::SortedQueue;
+    /// use keyed_batch::queue::SortedQueue;
     ///
     /// let q: SortedQueue<u32, &str, i32> = SortedQueue::new();
     /// assert!(q.is_empty());
@@ -333,7 +333,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::queue::SortedQueue;
+    /// use keyed_batch::queue::SortedQueue;
     ///
     /// let mut q = SortedQueue::new();
     /// assert!(q.push("a", 'x', 5)); // first key: it leads
@@ -359,7 +359,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::queue::SortedQueue;
+    /// use keyed_batch::queue::SortedQueue;
     ///
     /// // Rank 100 normally, but 0 once a key holds three values or weighs 10.
     /// let rank = |values: usize, weight: usize| if values >= 3 || weight >= 10 { 0 } else { 100 };
@@ -393,7 +393,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::queue::SortedQueue;
+    /// use keyed_batch::queue::SortedQueue;
     ///
     /// let mut q = SortedQueue::new();
     /// q.push("a", 3, 10);
@@ -413,7 +413,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::queue::SortedQueue;
+    /// use keyed_batch::queue::SortedQueue;
     ///
     /// let mut q = SortedQueue::new();
     /// q.requeue_weighted("a", vec!["xx", "yyy"], vec![2, 3], 0);
@@ -453,7 +453,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::queue::SortedQueue;
+    /// use keyed_batch::queue::SortedQueue;
     ///
     /// let mut q = SortedQueue::new();
     /// q.push("a", 1, 10);
@@ -482,7 +482,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::queue::SortedQueue;
+    /// use keyed_batch::queue::SortedQueue;
     ///
     /// let mut q = SortedQueue::new();
     /// q.push("a", 1, 10);
@@ -518,7 +518,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::queue::SortedQueue;
+    /// use keyed_batch::queue::SortedQueue;
     ///
     /// let mut q = SortedQueue::new();
     /// q.push("a", 1, 1);
@@ -544,7 +544,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::queue::SortedQueue;
+    /// use keyed_batch::queue::SortedQueue;
     ///
     /// let mut q = SortedQueue::new();
     /// q.push_with("a", 'x', 4, |_, _| 0);
@@ -646,7 +646,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::queue::SortedQueue;
+    /// use keyed_batch::queue::SortedQueue;
     ///
     /// let mut q = SortedQueue::new();
     /// assert_eq!(q.peek_rank(), None);
@@ -664,7 +664,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use sorted_channel::queue::SortedQueue;
+    /// use keyed_batch::queue::SortedQueue;
     ///
     /// let mut q = SortedQueue::new();
     /// q.push("a", 1, 0);

@@ -11,7 +11,7 @@ use std::time::Duration;
 ///
 /// ```
 /// use std::time::Duration;
-/// use sorted_channel::timed;
+/// use keyed_batch::timed;
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
@@ -65,7 +65,7 @@ pub struct Stats {
 /// # Examples
 ///
 /// ```
-/// use sorted_channel::stats::Deliveries;
+/// use keyed_batch::stats::Deliveries;
 ///
 /// let by = Deliveries::default();
 /// assert_eq!(by.due + by.full_key + by.flush + by.close, 0);

@@ -12,7 +12,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use sorted_channel::timed;
+//! use keyed_batch::timed;
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() {
@@ -178,7 +178,7 @@ impl Flavor for Timed {
 ///
 /// ```
 /// use std::time::Duration;
-/// use sorted_channel::timed;
+/// use keyed_batch::timed;
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
@@ -200,7 +200,7 @@ pub fn channel<K: Hash + Eq + Clone, V>(window: Duration) -> (Sender<K, V>, Rece
 ///
 /// ```
 /// use std::time::Duration;
-/// use sorted_channel::timed;
+/// use keyed_batch::timed;
 ///
 /// let (tx, rx) = timed::Builder::new(Duration::from_secs(1))
 ///     .max_batch(100)
@@ -218,7 +218,7 @@ impl Builder {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed::Builder;
+    /// use keyed_batch::timed::Builder;
     ///
     /// let (tx, rx) = Builder::new(Duration::ZERO).build::<&str, u8>();
     /// # drop((tx, rx));
@@ -239,7 +239,7 @@ impl<W> Builder<W> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed::Builder;
+    /// use keyed_batch::timed::Builder;
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
@@ -267,7 +267,7 @@ impl<W> Builder<W> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed::Builder;
+    /// use keyed_batch::timed::Builder;
     ///
     /// let (tx, mut rx) = Builder::new(Duration::from_secs(60))
     ///     .weigher(|body: &&str| body.len())
@@ -290,7 +290,7 @@ impl<W> Builder<W> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed::Builder;
+    /// use keyed_batch::timed::Builder;
     ///
     /// let (tx, rx) = Builder::new(Duration::from_secs(1)).build::<String, Vec<u8>>();
     /// # drop((tx, rx));
@@ -313,7 +313,7 @@ impl<W> Builder<W> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use sorted_channel::timed;
+/// use keyed_batch::timed;
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
@@ -350,7 +350,7 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed;
+    /// use keyed_batch::timed;
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
@@ -384,7 +384,7 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
     /// ```
     /// use std::time::Duration;
     /// use tokio::time::Instant;
-    /// use sorted_channel::timed;
+    /// use keyed_batch::timed;
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
@@ -418,7 +418,7 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed;
+    /// use keyed_batch::timed;
     ///
     /// let (tx, rx) = timed::channel(Duration::from_secs(1));
     /// tx.try_send("k", 1).unwrap();
@@ -441,7 +441,7 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
     /// ```
     /// use std::time::Duration;
     /// use tokio::time::Instant;
-    /// use sorted_channel::timed;
+    /// use keyed_batch::timed;
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
@@ -473,7 +473,7 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed;
+    /// use keyed_batch::timed;
     ///
     /// let (tx, mut rx) = timed::channel(Duration::ZERO);
     /// std::thread::spawn(move || tx.blocking_send("k", 1).unwrap())
@@ -493,7 +493,7 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed;
+    /// use keyed_batch::timed;
     ///
     /// let (tx, rx) = timed::channel::<u8, u8>(Duration::from_secs(1));
     /// assert!(!tx.is_closed());
@@ -510,7 +510,7 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed;
+    /// use keyed_batch::timed;
     ///
     /// let (tx, _rx) = timed::channel(Duration::from_secs(1));
     /// tx.try_send("a", 1).unwrap();
@@ -527,7 +527,7 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed;
+    /// use keyed_batch::timed;
     ///
     /// let (tx, _rx) = timed::channel::<u8, u8>(Duration::from_secs(1));
     /// assert!(tx.is_empty());
@@ -544,7 +544,7 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed;
+    /// use keyed_batch::timed;
     ///
     /// let (tx, mut rx) = timed::channel(Duration::from_secs(60));
     /// tx.try_send("a", 1).unwrap();
@@ -562,7 +562,7 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed;
+    /// use keyed_batch::timed;
     ///
     /// let (tx, mut rx) = timed::channel(Duration::from_secs(60));
     /// tx.try_send("a", 1).unwrap();
@@ -585,7 +585,7 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed;
+    /// use keyed_batch::timed;
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
@@ -605,7 +605,7 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed;
+    /// use keyed_batch::timed;
     ///
     /// let (tx, _rx) = timed::channel(Duration::from_secs(1));
     /// tx.try_send("a", 1).unwrap();
@@ -623,7 +623,7 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
     /// ```
     /// use std::time::Duration;
     /// use futures::SinkExt;
-    /// use sorted_channel::timed;
+    /// use keyed_batch::timed;
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
@@ -663,7 +663,7 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
 /// ```
 /// use std::time::Duration;
 /// use futures::{stream, StreamExt};
-/// use sorted_channel::timed;
+/// use keyed_batch::timed;
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
@@ -729,7 +729,7 @@ impl<K, V> fmt::Debug for Sender<K, V> {
 /// ```
 /// use std::time::Duration;
 /// use futures::StreamExt;
-/// use sorted_channel::timed;
+/// use keyed_batch::timed;
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
@@ -766,7 +766,7 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed;
+    /// use keyed_batch::timed;
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
@@ -799,7 +799,7 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     /// ```
     /// use std::future::poll_fn;
     /// use std::time::Duration;
-    /// use sorted_channel::timed;
+    /// use keyed_batch::timed;
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
@@ -824,7 +824,7 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::{error::TryRecvError, timed};
+    /// use keyed_batch::{error::TryRecvError, timed};
     ///
     /// let (tx, mut rx) = timed::channel(Duration::ZERO);
     /// assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
@@ -844,7 +844,7 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed;
+    /// use keyed_batch::timed;
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
@@ -874,7 +874,7 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed;
+    /// use keyed_batch::timed;
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
@@ -898,7 +898,7 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed;
+    /// use keyed_batch::timed;
     ///
     /// let (tx, rx) = timed::channel(Duration::from_secs(1));
     /// tx.try_send("a", 1).unwrap();
@@ -916,7 +916,7 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed;
+    /// use keyed_batch::timed;
     ///
     /// let (tx, rx) = timed::channel(Duration::from_secs(1));
     /// tx.try_send("a", 1).unwrap();
@@ -933,7 +933,7 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed;
+    /// use keyed_batch::timed;
     ///
     /// let (tx, rx) = timed::channel(Duration::from_secs(1));
     /// assert!(rx.is_empty());
@@ -951,7 +951,7 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     /// ```
     /// use std::time::Duration;
     /// use tokio::time::Instant;
-    /// use sorted_channel::timed;
+    /// use keyed_batch::timed;
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
@@ -971,7 +971,7 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed;
+    /// use keyed_batch::timed;
     ///
     /// let (tx, rx) = timed::channel::<u8, u8>(Duration::from_secs(1));
     /// drop(tx);
@@ -991,7 +991,7 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed;
+    /// use keyed_batch::timed;
     ///
     /// let (tx, mut rx) = timed::Builder::new(Duration::from_secs(60)).max_batch(2).build();
     /// for v in 0..3 {
@@ -1010,7 +1010,7 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sorted_channel::timed;
+    /// use keyed_batch::timed;
     ///
     /// let (tx, rx) = timed::channel(Duration::from_secs(1));
     /// tx.try_send("a", 1).unwrap();

@@ -11,7 +11,7 @@ use std::marker::{PhantomData, PhantomPinned};
 use std::time::Duration;
 
 use futures::Stream;
-use sorted_channel::{ordered, timed};
+use keyed_batch::{ordered, timed};
 use tokio::time::Instant;
 
 /// A key that is `Send` but not `Sync`.

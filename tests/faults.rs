@@ -15,9 +15,9 @@ use std::pin::pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use sorted_channel::error::{SendError, TryRecvError, TrySendError};
-use sorted_channel::queue::SortedQueue;
-use sorted_channel::{ordered, timed, Batch};
+use keyed_batch::error::{SendError, TryRecvError, TrySendError};
+use keyed_batch::queue::SortedQueue;
+use keyed_batch::{ordered, timed, Batch};
 use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
 use tokio::time::{advance, Instant};
 use tokio_test::task;

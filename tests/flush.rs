@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use sorted_channel::error::{TryRecvError, TrySendError};
-use sorted_channel::{ordered, timed};
+use keyed_batch::error::{TryRecvError, TrySendError};
+use keyed_batch::{ordered, timed};
 use tokio::time::{advance, Instant};
 use tokio_test::task;
 use tokio_test::{assert_pending, assert_ready_eq, assert_ready_ok};

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sorted_channel::error::{SendError, TryRecvError, TrySendError};
-use sorted_channel::{ordered, timed};
+use keyed_batch::error::{SendError, TryRecvError, TrySendError};
+use keyed_batch::{ordered, timed};
 use tokio::time::{advance, Instant};
 use tokio_test::task;
 use tokio_test::{assert_pending, assert_ready, assert_ready_eq, assert_ready_ok};

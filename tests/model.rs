@@ -10,10 +10,10 @@
 //! future may be left waiting for something the model says it can have (a due batch, room,
 //! or a closed channel).
 //!
-//! Each model runs 2,000 cases by default. Set `SORTED_CHANNEL_CASES` for a longer run:
+//! Each model runs 2,000 cases by default. Set `KEYED_BATCH_CASES` for a longer run:
 //!
 //! ```text
-//! SORTED_CHANNEL_CASES=50000 cargo test --release --test model
+//! KEYED_BATCH_CASES=50000 cargo test --release --test model
 //! ```
 
 use std::cell::RefCell;
@@ -26,18 +26,18 @@ use std::time::Duration;
 use futures::future::LocalBoxFuture;
 use proptest::prelude::*;
 use proptest::test_runner::Config as ProptestConfig;
-use sorted_channel::error::{SendError, TryRecvError, TrySendError};
-use sorted_channel::queue::SortedQueue;
-use sorted_channel::{builder, ordered, timed, Batch};
+use keyed_batch::error::{SendError, TryRecvError, TrySendError};
+use keyed_batch::queue::SortedQueue;
+use keyed_batch::{builder, ordered, timed, Batch};
 use tokio::time::Instant;
 use tokio_test::task::{spawn, Spawn};
 
 type K = u8;
 type V = u32;
 
-/// Cases per model: 2,000, or `SORTED_CHANNEL_CASES`.
+/// Cases per model: 2,000, or `KEYED_BATCH_CASES`.
 fn config() -> ProptestConfig {
-    let cases = std::env::var("SORTED_CHANNEL_CASES")
+    let cases = std::env::var("KEYED_BATCH_CASES")
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(2_000);

@@ -4,8 +4,8 @@
 use std::cmp::Reverse;
 
 use futures::StreamExt;
-use sorted_channel::error::{SendError, TryRecvError};
-use sorted_channel::ordered::{self, Builder};
+use keyed_batch::error::{SendError, TryRecvError};
+use keyed_batch::ordered::{self, Builder};
 use tokio_test::task;
 use tokio_test::{assert_pending, assert_ready};
 

@@ -6,8 +6,8 @@ use std::task::Poll;
 use std::time::Duration;
 
 use futures::{stream, Sink, SinkExt, StreamExt};
-use sorted_channel::error::SendError;
-use sorted_channel::{ordered, timed};
+use keyed_batch::error::SendError;
+use keyed_batch::{ordered, timed};
 use tokio::time::{advance, Instant};
 use tokio_test::task::{self, Spawn};
 use tokio_test::{assert_pending, assert_ready, assert_ready_eq, assert_ready_ok};

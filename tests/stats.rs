@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use futures::SinkExt;
-use sorted_channel::error::TrySendError;
-use sorted_channel::stats::Stats;
-use sorted_channel::{ordered, timed};
+use keyed_batch::error::TrySendError;
+use keyed_batch::stats::Stats;
+use keyed_batch::{ordered, timed};
 use tokio::time::{advance, Instant};
 
 const WINDOW: Duration = Duration::from_secs(10);

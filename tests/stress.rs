@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sorted_channel::{ordered, timed, Batch};
+use keyed_batch::{ordered, timed, Batch};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, Instant};
 

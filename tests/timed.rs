@@ -7,8 +7,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use futures::StreamExt;
-use sorted_channel::error::TryRecvError;
-use sorted_channel::timed::{self, Builder};
+use keyed_batch::error::TryRecvError;
+use keyed_batch::timed::{self, Builder};
 use tokio::time::{advance, Instant};
 use tokio_test::task;
 use tokio_test::{assert_pending, assert_ready};
