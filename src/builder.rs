@@ -5,12 +5,13 @@
 use std::fmt;
 use std::marker::PhantomData;
 
-use crate::chan::Config;
+use crate::config::Config;
 
 /// Builds a channel with limits; see [`timed::Builder`](crate::timed::Builder) and
 /// [`ordered::Builder`](crate::ordered::Builder).
 ///
 /// Every limit is off by default. The crate docs have a table of all of them.
+#[must_use = "a builder does nothing until `build` makes the channel"]
 pub struct Builder<F, W = ()> {
     pub(crate) config: Config,
     pub(crate) weigher: W,

@@ -1,218 +1,75 @@
-//! The state every flavour shares: one lock around the sorted queue, the wakers, the counts
-//! and the close flag. The public handles in `timed` and `ordered` are thin fronts over the
-//! generic `Sender` and `Receiver` here.
+//! The state every flavour shares, and the internal handles [`Tx`] and [`Rx`] that the
+//! public handles in `timed` and `ordered` wrap.
 //!
-//! Everything lives under one mutex; the only waker list outside it is the `Notify` behind
-//! `Sender::closed()`, which is written once, on close. Wakers are collected under the lock
-//! and woken after it is released.
+//! The state lives under one mutex. Outside it are each receiver's own timer and the
+//! `Notify` that `closed()` waits on, which is notified once, on close. Wakers, and keys and
+//! ranks whose `Drop` is user code, are collected while the lock is held and released after
+//! it is: see [`Guard`].
 
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
 use std::mem;
+use std::ops::{Deref, DerefMut};
 use std::pin::{pin, Pin};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{ready, Context, Poll, Wake, Waker};
 use std::thread::{self, Thread};
-use std::time::Duration;
 
+use hashbrown::{DefaultHashBuilder, HashMap};
 use tokio::runtime::{self, Handle};
 use tokio::sync::Notify;
+use tokio::task::coop;
 use tokio::time::{Instant, Sleep};
 
+use crate::config::{self, Config, Weigh, Weigher};
 use crate::error::{SendError, TryRecvError, TrySendError};
+use crate::flavor::{self, Clock, Flavor, Joining, Reason};
 use crate::queue::{Items, Run, SortedQueue};
 use crate::stats::{Deliveries, Stats};
 use crate::Batch;
 
 /// A refused send or requeue, with what was handed in.
-type Refused<F, K, V> = SendError<(<F as Flavor>::Input, K, V)>;
+pub(crate) type Refused<F, K, V> = SendError<(<F as Flavor>::Input, K, V)>;
 
-/// What makes one flavour differ from another: how a value is ranked and when a rank is due.
-pub(crate) trait Flavor {
-    /// The order keys come out in. Its `Ord + Clone` bound sits on the impls that need it,
-    /// so that the handle types carry no bounds.
-    type Rank;
-    /// What a sender supplies to rank a value. A refused send hands it back.
-    type Input;
+/// What the `Sink` impls return when a value cannot go in: the value, if there was one.
+pub(crate) type SinkRefused<F, K, V> = SendError<Option<(<F as Flavor>::Input, K, V)>>;
 
-    /// The rank of a value entering now, once its key holds `values` values of total weight
-    /// `weight`. `current` is the key's rank if it is pending; `None` may then be returned
-    /// when the value cannot lower it.
-    fn rank(
-        input: Self::Input,
-        clock: &mut Clock<'_>,
-        current: Option<&Self::Rank>,
-        values: usize,
-        weight: usize,
-        config: &Config,
-    ) -> Option<Self::Rank>;
-
-    /// Whether a key of this rank may be delivered at `now`.
-    fn is_due(rank: &Self::Rank, now: Instant, config: &Config) -> bool;
-
-    /// Why a key of this rank came due, once it has.
-    fn why(rank: &Self::Rank) -> Why;
-
-    /// The time at which a key of this rank becomes due, if that is a time.
-    fn deadline(rank: &Self::Rank, config: &Config) -> Option<Instant>;
-}
-
-/// The clock, read at most once per call, and only when needed: the last reading under the
-/// lock is a floor for now, and that is often enough to know that a value cannot move its
-/// key's deadline. Reading the clock was a fifth of a send's time.
-pub(crate) struct Clock<'a> {
-    last: &'a mut Option<Instant>,
-    now: Option<Instant>,
-}
-
-impl Clock<'_> {
-    pub(crate) fn now(&mut self) -> Instant {
-        *self.now.get_or_insert_with(|| {
-            let now = Instant::now();
-            *self.last = Some(now);
-            now
-        })
-    }
-
-    /// An instant at or before now, if the clock was ever read.
-    pub(crate) fn floor(&self) -> Option<Instant> {
-        self.now.or(*self.last)
-    }
-}
-
-/// Why a key came due, for [`Deliveries`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Why {
-    /// Its deadline passed (`timed`), or it was simply pending (`ordered`).
-    Due,
-    /// It reached `max_values_per_key` or `max_key_weight`.
-    FullKey,
-    /// `flush`, `flush_all` or `drain_now`.
-    Flush,
-}
-
-/// Limits set by a builder. `usize::MAX` means no limit.
-#[derive(Clone, Debug)]
-pub(crate) struct Config {
-    /// Most values in one batch.
-    pub(crate) max_batch: usize,
-    /// Most weight in one batch.
-    pub(crate) max_batch_weight: usize,
-    /// Most pending values that `send` and `try_send` fill up to.
-    pub(crate) capacity: usize,
-    /// Most pending weight that `send` and `try_send` fill up to.
-    pub(crate) max_weight: usize,
-    /// Most pending keys that `send` and `try_send` open.
-    pub(crate) max_keys: usize,
-    /// The batching window (`timed` only).
-    pub(crate) window: Duration,
-    /// A key holding this many values is due at once (`timed` only).
-    pub(crate) max_values_per_key: usize,
-    /// A key of this weight is due at once (`timed` only).
-    pub(crate) max_key_weight: usize,
-    /// Where deadlines and arrival times count from.
-    pub(crate) epoch: Instant,
-}
-
-impl Config {
-    pub(crate) fn new(window: Duration) -> Self {
-        Config {
-            max_batch: usize::MAX,
-            max_batch_weight: usize::MAX,
-            capacity: usize::MAX,
-            max_weight: usize::MAX,
-            max_keys: usize::MAX,
-            window,
-            max_values_per_key: usize::MAX,
-            max_key_weight: usize::MAX,
-            epoch: Instant::now(),
-        }
-    }
-
-    /// Sets a limit, which must be at least 1.
-    #[track_caller]
-    pub(crate) fn set(limit: &mut usize, n: usize, name: &str) {
-        assert!(n > 0, "{name} must be at least 1");
-        *limit = n;
-    }
-
-    /// `t` as nanoseconds from the epoch: half the size of an `Instant`, for what is kept
-    /// per key. An instant before the epoch counts as the epoch.
-    pub(crate) fn nanos(&self, t: Instant) -> u64 {
-        let since = t.saturating_duration_since(self.epoch);
-        u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
-    }
-
-    /// Whether a key of `values` values and total `weight` is full: due at once.
-    pub(crate) fn is_full(&self, values: usize, weight: usize) -> bool {
-        values >= self.max_values_per_key || weight >= self.max_key_weight
-    }
-}
-
-/// Weighs values for the weight limits: [`timed::Builder::weigher`](crate::timed::Builder::weigher)
-/// and [`ordered::Builder::weigher`](crate::ordered::Builder::weigher) take one.
-///
-/// It is implemented for `Fn(&V) -> usize + Send + Sync + 'static` closures, and for `()`,
-/// which weighs every value 1.
-pub trait Weigher<V>: sealed::Sealed<V> {}
-
-mod sealed {
-    use std::sync::Arc;
-
-    /// A shared weigher.
-    pub(crate) type Weigh<V> = Arc<dyn Fn(&V) -> usize + Send + Sync>;
-
-    pub trait Sealed<V> {
-        fn into_weigh(self) -> Option<Weigh<V>>;
-    }
-}
-
-impl<V> Weigher<V> for () {}
-
-impl<V> sealed::Sealed<V> for () {
-    fn into_weigh(self) -> Option<sealed::Weigh<V>> {
-        None
-    }
-}
-
-impl<V, F: Fn(&V) -> usize + Send + Sync + 'static> Weigher<V> for F {}
-
-impl<V, F: Fn(&V) -> usize + Send + Sync + 'static> sealed::Sealed<V> for F {
-    fn into_weigh(self) -> Option<sealed::Weigh<V>> {
-        Some(Arc::new(self))
-    }
-}
-
-struct Chan<F: Flavor, K, V> {
-    state: Mutex<State<F::Rank, K, V>>,
+pub(crate) struct Chan<F: Flavor, K, V> {
+    state: Mutex<State<F, K, V>>,
     config: Config,
-    weigh: Option<sealed::Weigh<V>>,
+    /// Where the [`Clock`] counts from.
+    epoch: Instant,
+    /// A copy of the queue's hasher, so that keys are hashed before the lock is taken.
+    hasher: DefaultHashBuilder,
+    weigh: Weigh<V>,
     /// Wakes `closed()` calls.
     closed: Notify,
 }
 
-struct State<R, K, V> {
-    queue: SortedQueue<R, K, V>,
-    /// When sends stopped: every sender went, a receiver called `close`, or every receiver
-    /// went. Pending keys are then all due.
-    closed_at: Option<Instant>,
+struct State<F: Flavor, K, V> {
+    queue: SortedQueue<F::Rank, K, V>,
+    /// When sends stopped (see [`Clock`]): every sender went, a receiver called `close`, or
+    /// every receiver went. Pending keys are then all due.
+    closed_at: Option<u64>,
     /// A receiver has seen the end of the stream; a later `requeue` is refused.
     terminated: bool,
     senders: usize,
     receivers: usize,
-    /// Receivers waiting for a batch, oldest first. Only the first one sleeps on its timer,
-    /// so that a deadline wakes one receiver, not all of them.
-    recv_waiters: Vec<(u64, Waker)>,
+    /// Receivers waiting for a batch. Each sleeps on a timer of its own, and each is woken
+    /// when a key may be due: a receiver that is not polled again cannot hold up the others.
+    receiving: Waiters,
     /// Sends waiting for room (capacity, weight), first come first served.
-    room_waiters: VecDeque<(u64, Waker)>,
-    /// Sends of a new key waiting for a key slot (`max_keys`). They wait apart, so that
-    /// values for pending keys still go in.
-    key_waiters: VecDeque<(u64, Waker)>,
+    room_line: Line,
+    /// Sends of a new key waiting for a key slot (`max_keys`), and sends of a key that has
+    /// an earlier send waiting here. They wait apart from the room line, so that values for
+    /// pending keys still go in.
+    key_line: Line,
+    /// Sinks waiting for room. They hold no place in line (see [`Tx::poll_flush`]).
+    sinks: Waiters,
     /// The last clock reading under the lock: see [`Clock`].
-    last_now: Option<Instant>,
-    /// When each pending run started (see [`Config::nanos`]), oldest first; runs that ended
-    /// are dropped lazily.
+    last_now: Option<u64>,
+    /// When each pending run started, oldest first; runs that ended are dropped lazily.
     arrivals: VecDeque<(Run, u64)>,
     counts: Counts,
     next_id: u64,
@@ -228,41 +85,210 @@ struct Counts {
     by: Deliveries,
 }
 
-/// Which wait queue a waiting send is in.
+/// Tasks waiting, in the order they came: each is named by an id, and ids only grow, so
+/// the list is sorted by id.
+#[derive(Default)]
+struct Waiters(Vec<(u64, Waker)>);
+
+/// A line of waiting sends, first come first served. Ids only grow, so it is sorted by id.
+#[derive(Default)]
+struct Line {
+    waiting: VecDeque<Waiting>,
+    /// How many sends wait per key hash.
+    hashes: HashMap<u64, usize>,
+}
+
+/// A send waiting in a [`Line`].
+struct Waiting {
+    id: u64,
+    /// Its key's hash: later sends of the same key wait behind it.
+    hash: u64,
+    /// Its value's weight, to tell whether it fits.
+    weight: usize,
+    waker: Waker,
+}
+
+/// Which line a waiting send is in.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Line {
+enum LineName {
     Room,
     Key,
 }
 
-/// A waiting send's place in one of the wait queues.
+/// A waiting send's place in a line.
 #[derive(Clone, Copy)]
-pub(crate) struct Place {
+struct Place {
     id: u64,
-    line: Line,
+    line: LineName,
 }
 
 /// Why a send could not go in now.
 enum Blocked {
     Closed,
     /// It must wait in this line.
-    Wait(Line),
+    Wait(LineName),
 }
 
-/// A value on its way in, weighed before the lock is taken.
+/// What a receive takes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Take {
+    /// Due keys.
+    Due,
+    /// Every key, due or not (`drain_now`).
+    All,
+}
+
+/// A value on its way in, hashed and weighed before the lock is taken.
 pub(crate) struct Item<F: Flavor, K, V> {
     input: F::Input,
+    hash: u64,
     key: K,
     value: V,
     weight: usize,
 }
 
-/// Wakers to wake once the lock is released: a receiver, a send waiting for room, and a
-/// send waiting for a key slot.
-type Wakes = [Option<Waker>; 3];
+/// The locked state. Wakers to wake, and keys and ranks to drop, are gathered while it is
+/// held, and released when it drops, after the lock: a waker or a `Drop` may be user code,
+/// and user code that touched the channel under its lock would deadlock.
+struct Guard<'a, F: Flavor, K, V> {
+    chan: &'a Chan<F, K, V>,
+    state: Option<MutexGuard<'a, State<F, K, V>>>,
+    wakes: Vec<Waker>,
+    /// A key or rank that a send did not need.
+    spare: (Option<K>, Option<F::Rank>),
+    /// Whether to notify `closed()` calls.
+    notify_closed: bool,
+}
 
-fn wake(wakers: impl IntoIterator<Item = Option<Waker>>) {
-    wakers.into_iter().flatten().for_each(Waker::wake);
+impl<F: Flavor, K, V> Guard<'_, F, K, V> {
+    /// Wakes every waiting receiver once the lock is released.
+    fn wake_receivers(&mut self) {
+        let state = self.state.as_ref().expect("the guard holds the lock");
+        state.receiving.wake_all(&mut self.wakes);
+    }
+}
+
+impl<F: Flavor, K, V> Deref for Guard<'_, F, K, V> {
+    type Target = State<F, K, V>;
+
+    fn deref(&self) -> &Self::Target {
+        self.state.as_ref().expect("the guard holds the lock")
+    }
+}
+
+impl<F: Flavor, K, V> DerefMut for Guard<'_, F, K, V> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.state.as_mut().expect("the guard holds the lock")
+    }
+}
+
+impl<F: Flavor, K, V> Drop for Guard<'_, F, K, V> {
+    fn drop(&mut self) {
+        let Some(mut state) = self.state.take() else {
+            return;
+        };
+        let trash = match mem::needs_drop::<F::Rank>() {
+            true => state.queue.take_trash(),
+            false => Vec::new(),
+        };
+        drop(state);
+        drop(trash);
+        self.spare = (None, None);
+        self.wakes.drain(..).for_each(Waker::wake);
+        if self.notify_closed {
+            self.chan.closed.notify_waiters();
+        }
+    }
+}
+
+impl Waiters {
+    /// Adds a task under a new id, or updates the waker of the task with id `id`.
+    fn enter(&mut self, id: &mut Option<u64>, next_id: &mut u64, waker: &Waker) {
+        if let Some(at) = id.and_then(|id| self.find(id)) {
+            update_waker(&mut self.0[at].1, waker);
+            return;
+        }
+        *next_id += 1;
+        self.0.push((*next_id, waker.clone()));
+        *id = Some(*next_id);
+    }
+
+    /// Removes the task with id `id`, if it is listed.
+    fn leave(&mut self, id: &mut Option<u64>) {
+        if let Some(at) = id.take().and_then(|id| self.find(id)) {
+            self.0.remove(at);
+        }
+    }
+
+    fn find(&self, id: u64) -> Option<usize> {
+        self.0.binary_search_by_key(&id, |(id, _)| *id).ok()
+    }
+
+    fn wake_all(&self, wakes: &mut Vec<Waker>) {
+        wakes.extend(self.0.iter().map(|(_, waker)| waker.clone()));
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl Line {
+    fn find(&self, id: u64) -> Option<usize> {
+        self.waiting.binary_search_by_key(&id, |w| w.id).ok()
+    }
+
+    fn is_first(&self, place: Option<Place>) -> bool {
+        match self.waiting.front() {
+            None => true,
+            Some(front) => place.is_some_and(|p| p.id == front.id),
+        }
+    }
+
+    fn push(&mut self, waiting: Waiting) {
+        *self.hashes.entry(waiting.hash).or_default() += 1;
+        self.waiting.push_back(waiting);
+    }
+
+    /// Removes the send with id `id`; returns its key's hash and whether it was first.
+    fn remove(&mut self, id: u64) -> Option<(u64, bool)> {
+        let (at, gone) = match self.waiting.front() {
+            Some(front) if front.id == id => (0, self.waiting.pop_front()),
+            _ => match self.find(id) {
+                Some(at) => (at, self.waiting.remove(at)),
+                None => (0, None),
+            },
+        };
+        let gone = gone?;
+        if let hashbrown::hash_map::Entry::Occupied(mut count) = self.hashes.entry(gone.hash) {
+            *count.get_mut() -= 1;
+            if *count.get() == 0 {
+                count.remove();
+            }
+        }
+        Some((gone.hash, at == 0))
+    }
+
+    /// Whether a send for a key of this hash waits here ahead of `place` (or at all, for a
+    /// send not in this line).
+    fn has_earlier(&self, hash: u64, place: Option<Place>) -> bool {
+        if !self.hashes.contains_key(&hash) {
+            return false;
+        }
+        let mine = place.map_or(u64::MAX, |p| p.id);
+        self.waiting
+            .iter()
+            .take_while(|w| w.id < mine)
+            .any(|w| w.hash == hash)
+    }
+
+    /// The first send for a key of this hash.
+    fn first_with(&self, hash: u64) -> Option<&Waiting> {
+        match self.hashes.contains_key(&hash) {
+            true => self.waiting.iter().find(|w| w.hash == hash),
+            false => None,
+        }
+    }
 }
 
 /// Stores `waker` in `slot` unless it would wake the same task already.
@@ -272,12 +298,11 @@ fn update_waker(slot: &mut Waker, waker: &Waker) {
     }
 }
 
-impl<R, K, V> State<R, K, V> {
-    /// The sends waiting in `line`.
-    fn line(&mut self, line: Line) -> &mut VecDeque<(u64, Waker)> {
+impl<F: Flavor, K, V> State<F, K, V> {
+    fn line(&mut self, line: LineName) -> &mut Line {
         match line {
-            Line::Room => &mut self.room_waiters,
-            Line::Key => &mut self.key_waiters,
+            LineName::Room => &mut self.room_line,
+            LineName::Key => &mut self.key_line,
         }
     }
 
@@ -303,67 +328,113 @@ impl<R, K, V> State<R, K, V> {
 }
 
 impl<F: Flavor, K, V> Chan<F, K, V> {
-    /// Locks the state. A panic in user code (`Hash`, `Eq`, `Ord`, `Clone`) can poison the
+    /// Locks the state. A panic in user code (`Hash`, `Eq`, `Ord`, `Clone`) poisons the
     /// lock, but the queue is whole at every point where such code runs, so the state is
-    /// still good and the lock is taken anyway: a panicking key must not wedge the channel.
-    fn lock(&self) -> MutexGuard<'_, State<F::Rank, K, V>> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn weigh(&self, value: &V) -> usize {
-        self.weigh.as_ref().map_or(1, |weigh| weigh(value))
-    }
-
-    /// The first send waiting for room, if there is room now.
-    fn room_waiter(&self, state: &State<F::Rank, K, V>) -> Option<Waker> {
-        let (_, waiter) = state.room_waiters.front()?;
-        // At exactly `max_weight`, a weightless value still fits.
-        let room = state.queue.len() < self.config.capacity
-            && state.queue.weight() <= self.config.max_weight;
-        room.then(|| waiter.clone())
-    }
-
-    /// The first send waiting for a key slot, if there is one now.
-    fn key_waiter(&self, state: &State<F::Rank, K, V>) -> Option<Waker> {
-        let (_, waiter) = state.key_waiters.front()?;
-        let room = state.queue.key_count() < self.config.max_keys;
-        room.then(|| waiter.clone())
-    }
-
-    /// Gives up a waiting send's place. If it was first in line, the next in line gets the
-    /// turn it may have been woken for.
-    fn leave(&self, state: &mut State<F::Rank, K, V>, place: Place) -> Option<Waker> {
-        let line = state.line(place.line);
-        let at = line.iter().position(|(id, _)| *id == place.id)?;
-        line.remove(at);
-        if at > 0 {
-            return None;
-        }
-        match place.line {
-            Line::Room => self.room_waiter(state),
-            Line::Key => self.key_waiter(state),
+    /// still good and the lock is recovered: a panicking key must not wedge the channel.
+    fn lock(&self) -> Guard<'_, F, K, V> {
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        Guard {
+            chan: self,
+            state: Some(state),
+            wakes: Vec::new(),
+            spare: (None, None),
+            notify_closed: false,
         }
     }
 
-    /// Closes the channel. Returns the wakers of every waiting task, to be woken by
-    /// [`wake_closed`](Self::wake_closed) once the lock is released; `None` if the channel
-    /// was closed already.
-    fn close(&self, state: &mut State<F::Rank, K, V>) -> Option<Vec<Waker>> {
-        if state.closed_at.is_some() {
-            return None;
+    fn now(&self) -> u64 {
+        flavor::since(self.epoch, Instant::now())
+    }
+
+    /// Whether a value of `weight` fits now, by `capacity` and `max_weight`. A value
+    /// heavier than the whole budget still goes into an empty channel.
+    fn has_room(&self, state: &State<F, K, V>, weight: usize) -> bool {
+        let queue = &state.queue;
+        let fits =
+            queue.is_empty() || queue.weight().saturating_add(weight) <= self.config.max_weight;
+        queue.len() < self.config.capacity && fits
+    }
+
+    /// Wakes the sends that may go in now: the first of each line if there is room for it,
+    /// and the sinks if no send waits for room. Call it whenever room may have come back or
+    /// the first of a line changed.
+    fn serve(&self, guard: &mut Guard<'_, F, K, V>) {
+        let state = guard.state.as_ref().expect("the guard holds the lock");
+        let wakes = &mut guard.wakes;
+        if let Some(front) = state.room_line.waiting.front() {
+            if self.has_room(state, front.weight) {
+                wakes.push(front.waker.clone());
+            }
         }
-        state.closed_at = Some(Instant::now());
+        if let Some(front) = state.key_line.waiting.front() {
+            let slot = state.queue.key_count() < self.config.max_keys;
+            if slot && self.has_room(state, front.weight) {
+                wakes.push(front.waker.clone());
+            }
+        }
+        if !state.sinks.is_empty() && state.room_line.waiting.is_empty() && self.has_room(state, 0)
+        {
+            state.sinks.wake_all(wakes);
+        }
+    }
+
+    /// Gives up a waiting send's place: the next in line, and the next send of the same
+    /// key, may now go in.
+    fn leave(&self, guard: &mut Guard<'_, F, K, V>, place: Place) {
+        let Some((hash, first)) = guard.line(place.line).remove(place.id) else {
+            return;
+        };
+        if place.line == LineName::Key {
+            self.wake_same_key(guard, hash);
+        }
+        if first {
+            self.serve(guard);
+        }
+    }
+
+    /// A send of the key with this hash went in or left the key line: the first send of
+    /// that key still waiting there may now go in.
+    fn wake_same_key(&self, guard: &mut Guard<'_, F, K, V>, hash: u64) {
+        if let Some(next) = guard.key_line.first_with(hash) {
+            let waker = next.waker.clone();
+            guard.wakes.push(waker);
+        }
+    }
+
+    /// Closes the channel, waking every waiting task; `false` if it was closed already.
+    fn close(&self, guard: &mut Guard<'_, F, K, V>) -> bool {
+        if guard.closed_at.is_some() {
+            return false;
+        }
+        guard.closed_at = Some(self.now());
         // Waiting receivers now have the whole queue due; waiting senders now fail.
-        let receivers = state.recv_waiters.iter().map(|(_, w)| w.clone());
-        let senders = state.room_waiters.iter().chain(&state.key_waiters);
-        Some(receivers.chain(senders.map(|(_, w)| w.clone())).collect())
+        let state = guard.state.as_ref().expect("the guard holds the lock");
+        let wakes = &mut guard.wakes;
+        state.receiving.wake_all(wakes);
+        state.sinks.wake_all(wakes);
+        let lines = state
+            .room_line
+            .waiting
+            .iter()
+            .chain(&state.key_line.waiting);
+        wakes.extend(lines.map(|w| w.waker.clone()));
+        guard.notify_closed = true;
+        true
     }
 
-    /// Wakes what [`close`](Self::close) returned, and every `closed()` call.
-    fn wake_closed(&self, wakers: Option<Vec<Waker>>) {
-        if let Some(wakers) = wakers {
-            wakers.into_iter().for_each(Waker::wake);
-            self.closed.notify_waiters();
+    fn item(&self, input: F::Input, key: K, value: V) -> Item<F, K, V>
+    where
+        K: Hash,
+    {
+        // User code (the weigher, `Hash`) runs here, before the lock is taken.
+        let weight = self.weigh.as_ref().map_or(1, |weigh| weigh(&value));
+        let hash = self.hasher.hash_one(&key);
+        Item {
+            input,
+            hash,
+            key,
+            value,
+            weight,
         }
     }
 }
@@ -376,133 +447,156 @@ where
     /// has one. On success the item is taken and the place given up.
     fn try_push(
         &self,
-        state: &mut State<F::Rank, K, V>,
+        guard: &mut Guard<'_, F, K, V>,
         item: &mut Option<Item<F, K, V>>,
         place: &mut Option<Place>,
-    ) -> Result<Wakes, Blocked> {
+    ) -> Result<(), Blocked> {
+        let state = &mut **guard;
         if state.closed_at.is_some() {
             return Err(Blocked::Closed);
         }
         let config = &self.config;
         let queued = item.as_ref().expect("an item to send");
-        let my_turn = |line: Line, waiters: &VecDeque<(u64, Waker)>| match waiters.front() {
-            None => true,
-            Some(&(id, _)) => place.is_some_and(|p| p.line == line && p.id == id),
-        };
-        // A value heavier than the whole budget still goes into an empty channel.
-        let weight = state.queue.weight();
-        let fits =
-            state.queue.is_empty() || weight.saturating_add(queued.weight) <= config.max_weight;
-        let room = state.queue.len() < config.capacity && fits;
-        // A send waits for room first, in turn; then, for a new key, for a key slot, in turn.
-        // Once in the key line it has had its turn for room, so it does not queue for room
-        // again: two lines that each waited on the other would hand turns back and forth
-        // for ever.
-        let in_key_line = place.is_some_and(|p| p.line == Line::Key);
-        if !room || (!in_key_line && !my_turn(Line::Room, &state.room_waiters)) {
-            let line = if in_key_line { Line::Key } else { Line::Room };
+        // A send waits for room first, in turn; then, for a new key, for a key slot, in
+        // turn. Once in the key line it has had its turn for room, so it does not queue for
+        // room again: two lines that each waited on the other would hand turns back and
+        // forth for ever.
+        let in_key_line = place.is_some_and(|p| p.line == LineName::Key);
+        let room = self.has_room(state, queued.weight);
+        if !room || (!in_key_line && !state.room_line.is_first(*place)) {
+            let line = match in_key_line {
+                true => LineName::Key,
+                false => LineName::Room,
+            };
             return Err(Blocked::Wait(line));
         }
-        if config.max_keys != usize::MAX && !state.queue.contains_key(&queued.key) {
-            let free = state.queue.key_count() < config.max_keys;
-            if !free || !my_turn(Line::Key, &state.key_waiters) {
-                return Err(Blocked::Wait(Line::Key));
+        // Values of a key go in in the order they were sent: not past an earlier send of
+        // the same key that waits for a key slot.
+        let key_place = place.filter(|p| p.line == LineName::Key);
+        if config.max_keys != usize::MAX {
+            let pending = state.queue.contains_hashed(queued.hash, &queued.key);
+            let turn = match pending {
+                true => !state.key_line.has_earlier(queued.hash, key_place),
+                false => {
+                    state.queue.key_count() < config.max_keys && state.key_line.is_first(key_place)
+                }
+            };
+            if !turn {
+                return Err(Blocked::Wait(LineName::Key));
             }
         }
 
         let Item {
             input,
+            hash,
             key,
             value,
             weight,
         } = item.take().expect("an item to send");
         // Read the clock under the lock, so ranks go in in the order values do.
-        let mut clock = Clock {
-            last: &mut state.last_now,
-            now: None,
-        };
-        let inserted =
-            state
-                .queue
-                .insert(key, Items::One(value, weight), |current, values, weight| {
-                    F::rank(input, &mut clock, current, values, weight, config)
-                });
-        let arrival = inserted.new_run.map(|run| (run, config.nanos(clock.now())));
-        state.counts.sent += 1;
+        let mut clock = Clock::new(self.epoch, &mut state.last_now);
+        let inserted = state.queue.insert(
+            hash,
+            key,
+            Items::Append(value, weight),
+            |current, values, weight| {
+                let joining = Joining {
+                    current,
+                    values,
+                    weight,
+                    config,
+                    clock: &mut clock,
+                };
+                F::rank(input, joining)
+            },
+        );
         // When the run started, for the oldest-age figure.
+        let arrival = inserted.new_run.map(|run| (run, clock.now()));
         state.arrivals.extend(arrival);
-        if let Some(place) = place.take() {
-            // Usually first in its line, but a send waiting for a key slot goes in as soon
-            // as its key turns up pending, wherever it stands.
-            state.line(place.line).retain(|(id, _)| *id != place.id);
+        state.counts.sent += 1;
+        guard.spare = (inserted.spare_key, inserted.spare_rank);
+        if inserted.leads {
+            guard.wake_receivers();
         }
-        let receiver = match inserted.leads {
-            true => state.recv_waiters.first().map(|(_, w)| w.clone()),
-            false => None,
-        };
-        // Room may be left for the next in line.
-        Ok([receiver, self.room_waiter(state), self.key_waiter(state)])
+        let place = place.take();
+        if let Some(place) = place {
+            guard.line(place.line).remove(place.id);
+        }
+        self.wake_same_key(guard, hash);
+        if place.is_some() {
+            // The line moved on: room may be left for the next in it. A send that was in no
+            // line changed no line and freed no room, so it has no one to wake.
+            self.serve(guard);
+        }
+        Ok(())
     }
 
-    /// Sends `item`, waiting for room; the core of `send` and of the `Sink`.
+    /// Sends `item`, waiting for room: the core of `send`.
     fn poll_send(
         &self,
         cx: &mut Context<'_>,
         item: &mut Option<Item<F, K, V>>,
         place: &mut Option<Place>,
     ) -> Poll<Result<(), Refused<F, K, V>>> {
-        let mut state = self.lock();
-        let blocked = match self.try_push(&mut state, item, place) {
-            Ok(wakes) => {
-                drop(state);
-                wake(wakes);
+        // Take part in tokio's cooperative scheduling, as its channels do: a producer whose
+        // sends are always ready must still yield now and then, or on a runtime whose
+        // workers all produce, the timer that wakes receivers is never driven.
+        let coop = ready!(coop::poll_proceed(cx));
+        let mut guard = self.lock();
+        let line = match self.try_push(&mut guard, item, place) {
+            Ok(()) => {
+                coop.made_progress();
                 return Poll::Ready(Ok(()));
             }
-            Err(blocked) => blocked,
-        };
-        let line = match blocked {
-            Blocked::Wait(line) => line,
-            Blocked::Closed => {
-                let next = place.take().and_then(|p| self.leave(&mut state, p));
-                drop(state);
-                wake([next]);
+            Err(Blocked::Closed) => {
+                if let Some(p) = place.take() {
+                    self.leave(&mut guard, p);
+                }
+                coop.made_progress();
                 let Item {
                     input, key, value, ..
                 } = item.take().expect("an item to send");
                 return Poll::Ready(Err(SendError((input, key, value))));
             }
+            Err(Blocked::Wait(line)) => line,
         };
         // Wait in the right line, moving over if the send now waits for something else.
-        let mut handed_on = None;
         if let Some(p) = *place {
             if p.line != line {
-                handed_on = self.leave(&mut state, p);
+                self.leave(&mut guard, p);
                 *place = None;
             }
         }
+        let queued = item.as_ref().expect("an item to send");
         match *place {
             Some(p) => {
-                let entry = state.line(line).iter_mut().find(|(id, _)| *id == p.id);
-                update_waker(&mut entry.expect("a waiting send is in line").1, cx.waker());
+                let waiting = guard.line(line);
+                let at = waiting.find(p.id).expect("a waiting send is in line");
+                update_waker(&mut waiting.waiting[at].waker, cx.waker());
             }
             None => {
-                state.next_id += 1;
-                let id = state.next_id;
-                state.line(line).push_back((id, cx.waker().clone()));
+                guard.next_id += 1;
+                let id = guard.next_id;
+                let (hash, weight) = (queued.hash, queued.weight);
+                guard.line(line).push(Waiting {
+                    id,
+                    hash,
+                    weight,
+                    waker: cx.waker().clone(),
+                });
                 *place = Some(Place { id, line });
             }
         }
-        drop(state);
-        wake([handed_on]);
         Poll::Pending
     }
 
-    /// Takes the next batch under the lock, counting why each key came due. `flush` counts
-    /// keys that were not due as flushed (`drain_now`); otherwise they are not taken.
-    fn pop(&self, state: &mut State<F::Rank, K, V>, now: Instant, flush: bool) -> Batch<K, V> {
+    /// Takes the next batch under the lock, counting why each key came due.
+    fn pop(&self, state: &mut State<F, K, V>, now: u64, take: Take) -> Batch<K, V> {
         let config = &self.config;
         let closed_at = state.closed_at;
-        let by = &mut state.counts.by;
+        // Counted apart, and added only once the batch is made: a panic in user code while
+        // it is made delivers nothing, and must count nothing.
+        let mut by = Deliveries::default();
         let batch =
             state
                 .queue
@@ -510,15 +604,13 @@ where
                     // Count the first reason the key came due: a key that was due before the
                     // close counts by its own reason, even when taken after it.
                     let counter = match closed_at {
-                        Some(at) if !F::is_due(rank, at, config) => &mut by.close,
-                        _ if F::is_due(rank, now, config) || closed_at.is_some() => {
-                            match F::why(rank) {
-                                Why::Due => &mut by.due,
-                                Why::FullKey => &mut by.full_key,
-                                Why::Flush => &mut by.flush,
-                            }
-                        }
-                        _ if flush => &mut by.flush,
+                        Some(at) if !F::is_due(rank, at) => &mut by.close,
+                        _ if F::is_due(rank, now) || closed_at.is_some() => match F::reason(rank) {
+                            Reason::Deadline => &mut by.due,
+                            Reason::FullKey => &mut by.full_key,
+                            Reason::Flush => &mut by.flush,
+                        },
+                        _ if take == Take::All => &mut by.flush,
                         _ => return false,
                     };
                     *counter += 1;
@@ -528,21 +620,38 @@ where
         // buckets are still in cache.
         state.drop_ended_runs();
         if !batch.is_empty() {
+            state.counts.by.add(by);
             state.counts.batches += 1;
             state.counts.delivered += batch.iter().map(|(_, v)| v.len() as u64).sum::<u64>();
         }
         batch
     }
 
+    /// Who to wake after a batch was taken: every waiting receiver if due work is left
+    /// behind, and the sends that now have room.
+    fn after_batch(&self, guard: &mut Guard<'_, F, K, V>, now: u64) {
+        let closed = guard.closed_at.is_some();
+        let due_left = guard
+            .queue
+            .peek_rank()
+            .is_some_and(|rank| closed || F::is_due(rank, now));
+        if due_left {
+            guard.wake_receivers();
+        }
+        self.serve(guard);
+    }
+}
+
+impl<F: Flavor, K, V> Chan<F, K, V> {
     fn stats(&self) -> Stats {
         let mut state = self.lock();
         state.drop_ended_runs();
+        let now = self.now();
+        let oldest = state
+            .arrivals
+            .front()
+            .map(|(_, since)| std::time::Duration::from_nanos(now.saturating_sub(*since)));
         let queue = &state.queue;
-        let epoch = self.config.epoch;
-        let oldest = state.arrivals.front().map(|(_, since)| {
-            let since = epoch + Duration::from_nanos(*since);
-            since.elapsed()
-        });
         let counts = &state.counts;
         Stats {
             pending_values: queue.len(),
@@ -561,93 +670,89 @@ where
 }
 
 pub(crate) fn channel<F: Flavor, K, V>(
-    mut config: Config,
+    config: Config,
     weigher: impl Weigher<V>,
-) -> (Sender<F, K, V>, Receiver<F, K, V>)
+) -> (Tx<F, K, V>, Rx<F, K, V>)
 where
     F::Rank: Ord,
 {
-    // Deadlines before the epoch count as the epoch (they are all due), so take it as late
-    // as we can: now, not when the builder was made.
-    config.epoch = Instant::now();
+    let mut queue = SortedQueue::new();
+    // Ranks the queue drops may be user types: the guard drops them after the lock.
+    queue.defer_drops();
+    let hasher = queue.hasher().clone();
     let chan = Arc::new(Chan {
         state: Mutex::new(State {
-            queue: SortedQueue::new(),
+            queue,
             closed_at: None,
             terminated: false,
             senders: 1,
             receivers: 1,
-            recv_waiters: Vec::new(),
-            room_waiters: VecDeque::new(),
-            key_waiters: VecDeque::new(),
+            receiving: Waiters::default(),
+            room_line: Line::default(),
+            key_line: Line::default(),
+            sinks: Waiters::default(),
             last_now: None,
             arrivals: VecDeque::new(),
             counts: Counts::default(),
-            next_id: 1,
+            next_id: 0,
         }),
         config,
-        weigh: sealed::Sealed::into_weigh(weigher),
+        // Deadlines before the epoch count as the epoch (they are all due), so take it as
+        // late as we can: now, not when the builder was made.
+        epoch: Instant::now(),
+        hasher,
+        weigh: config::weigh(weigher),
         closed: Notify::new(),
     });
-    let rx = Receiver {
+    let rx = Rx {
         chan: Arc::clone(&chan),
-        waiter: Waiter {
-            id: 0,
-            waiting: false,
-        },
-        sleep: None,
-        armed: false,
-        runtime: None,
+        waiting: None,
+        timer: Timer::default(),
+        ended: false,
     };
-    let tx = Sender {
+    let tx = Tx {
         chan,
         sink: Mutex::new(None),
-        place: None,
+        sink_waiting: None,
+        connected: true,
     };
     (tx, rx)
 }
 
-// ===== impl Sender =====
+// ===== impl Tx =====
 
-pub(crate) struct Sender<F: Flavor, K, V> {
+/// The sending half every flavour's `Sender` wraps.
+pub(crate) struct Tx<F: Flavor, K, V> {
     chan: Arc<Chan<F, K, V>>,
     /// The value `start_send` handed over, until it goes in. Only `&mut self` methods touch
     /// it, through `get_mut`, so the mutex is never locked: it is there to keep a sender
     /// `Sync` when `K` and `V` are only `Send`.
     sink: Mutex<Option<Item<F, K, V>>>,
-    /// Its place in line.
-    place: Option<Place>,
+    /// The sink's id among the sinks waiting for room.
+    sink_waiting: Option<u64>,
+    /// Whether this handle counts as a sender: `Sink::poll_close` disconnects it.
+    connected: bool,
 }
 
-impl<F: Flavor, K: Hash + Eq + Clone, V> Sender<F, K, V>
+impl<F: Flavor, K: Hash + Eq + Clone, V> Tx<F, K, V>
 where
     F::Rank: Ord + Clone,
 {
-    fn item(&self, input: F::Input, key: K, value: V) -> Option<Item<F, K, V>> {
-        let weight = self.chan.weigh(&value);
-        Some(Item {
-            input,
-            key,
-            value,
-            weight,
-        })
-    }
-
     pub(crate) fn try_send(
         &self,
         input: F::Input,
         key: K,
         value: V,
     ) -> Result<(), TrySendError<(F::Input, K, V)>> {
-        let mut item = self.item(input, key, value);
-        let mut state = self.chan.lock();
-        let pushed = self.chan.try_push(&mut state, &mut item, &mut None);
-        drop(state);
+        if !self.connected {
+            return Err(TrySendError::Closed((input, key, value)));
+        }
+        let mut item = Some(self.chan.item(input, key, value));
+        let mut guard = self.chan.lock();
+        let pushed = self.chan.try_push(&mut guard, &mut item, &mut None);
+        drop(guard);
         let full = match pushed {
-            Ok(wakes) => {
-                wake(wakes);
-                return Ok(());
-            }
+            Ok(()) => return Ok(()),
             Err(Blocked::Closed) => false,
             Err(Blocked::Wait(_)) => true,
         };
@@ -666,7 +771,10 @@ where
         key: K,
         value: V,
     ) -> Result<(), Refused<F, K, V>> {
-        let mut item = self.item(input, key, value);
+        if !self.connected {
+            return Err(SendError((input, key, value)));
+        }
+        let mut item = Some(self.chan.item(input, key, value));
         // Our place in line; dropping the future gives it up.
         let mut place = PlaceGuard {
             chan: &*self.chan,
@@ -681,67 +789,145 @@ where
         key: K,
         value: V,
     ) -> Result<(), Refused<F, K, V>> {
-        block_on(self.send(input, key, value))
+        // Inside a runtime, tokio's `block_on` refuses (panics, with its own message) to
+        // block a thread that drives async tasks, and allows it on `spawn_blocking` threads.
+        match Handle::try_current() {
+            Ok(handle) => handle.block_on(self.send(input, key, value)),
+            Err(_) => block_on(self.send(input, key, value)),
+        }
     }
 
-    /// `Sink::poll_ready` and `poll_flush`: sends the value `start_send` took, if any.
+    /// `Sink::poll_flush` (and `poll_ready`): sends the value `start_send` took, if any.
+    ///
+    /// A sink that waits for room holds no place in the line of waiting sends: it tries
+    /// again whenever room comes back and no send waits for it. A sink left unpolled with a
+    /// value (after a timeout, say) then holds up nobody.
     pub(crate) fn poll_flush(
         &mut self,
         cx: &mut Context<'_>,
-    ) -> Poll<Result<(), Refused<F, K, V>>> {
+    ) -> Poll<Result<(), SinkRefused<F, K, V>>> {
         let sink = self.sink.get_mut().unwrap_or_else(PoisonError::into_inner);
         if sink.is_none() {
             return Poll::Ready(Ok(()));
         }
-        self.chan.poll_send(cx, sink, &mut self.place)
+        if !self.connected {
+            let Item {
+                input, key, value, ..
+            } = sink.take().expect("a value to send");
+            return Poll::Ready(Err(SendError(Some((input, key, value)))));
+        }
+        let coop = ready!(coop::poll_proceed(cx));
+        let chan = &*self.chan;
+        let mut guard = chan.lock();
+        let pushed = chan.try_push(&mut guard, sink, &mut None);
+        if let Err(Blocked::Wait(_)) = pushed {
+            let state = &mut *guard;
+            state
+                .sinks
+                .enter(&mut self.sink_waiting, &mut state.next_id, cx.waker());
+            return Poll::Pending;
+        }
+        guard.sinks.leave(&mut self.sink_waiting);
+        coop.made_progress();
+        match pushed {
+            Ok(()) => Poll::Ready(Ok(())),
+            Err(_) => {
+                let Item {
+                    input, key, value, ..
+                } = sink.take().expect("a refused value");
+                Poll::Ready(Err(SendError(Some((input, key, value)))))
+            }
+        }
+    }
+
+    /// `Sink::poll_ready`: sends the value `start_send` took, if any; fails if the channel
+    /// is closed to this sender.
+    pub(crate) fn poll_ready(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), SinkRefused<F, K, V>>> {
+        ready!(self.poll_flush(cx))?;
+        match self.is_closed() {
+            true => Poll::Ready(Err(SendError(None))),
+            false => Poll::Ready(Ok(())),
+        }
+    }
+
+    /// `Sink::poll_close`: sends the value `start_send` took, if any, then disconnects this
+    /// handle. If it was the last sender, the channel closes.
+    pub(crate) fn poll_close(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), SinkRefused<F, K, V>>> {
+        let flushed = ready!(self.poll_flush(cx));
+        self.disconnect();
+        Poll::Ready(flushed)
     }
 
     /// `Sink::start_send`: takes a value, which the next `poll_ready` or `poll_flush` sends.
     pub(crate) fn start_send(&mut self, input: F::Input, key: K, value: V) {
-        let item = self.item(input, key, value);
+        let item = self.chan.item(input, key, value);
         let sink = self.sink.get_mut().unwrap_or_else(PoisonError::into_inner);
         assert!(
             sink.is_none(),
             "start_send called before poll_ready returned Ready(Ok(()))"
         );
-        *sink = item;
+        *sink = Some(item);
     }
+}
 
-    /// Takes back the value `start_send` took, if it has not gone in, and gives up its place
-    /// in line.
+impl<F: Flavor, K, V> Tx<F, K, V> {
+    /// Takes back the value `start_send` took, if it has not gone in.
     pub(crate) fn abort_send(&mut self) -> Option<(F::Input, K, V)> {
         let sink = self.sink.get_mut().unwrap_or_else(PoisonError::into_inner);
         let Item {
             input, key, value, ..
         } = sink.take()?;
-        if let Some(place) = self.place.take() {
-            let mut state = self.chan.lock();
-            let next = self.chan.leave(&mut state, place);
-            drop(state);
-            wake([next]);
+        if self.sink_waiting.is_some() {
+            self.chan.lock().sinks.leave(&mut self.sink_waiting);
         }
         Some((input, key, value))
     }
 
+    /// Stops this handle counting as a sender; the last one to stop closes the channel.
+    fn disconnect(&mut self) {
+        if !mem::take(&mut self.connected) {
+            return;
+        }
+        let mut guard = self.chan.lock();
+        guard.sinks.leave(&mut self.sink_waiting);
+        guard.senders -= 1;
+        if guard.senders == 0 {
+            self.chan.close(&mut guard);
+        }
+    }
+
     /// Lowers `key`'s rank (or every key's, for `None`) to what `input` ranks at now.
-    pub(crate) fn flush(&self, key: Option<&K>, input: F::Input) {
-        let mut state = self.chan.lock();
-        let mut clock = Clock {
-            last: &mut state.last_now,
-            now: None,
+    pub(crate) fn flush(&self, key: Option<&K>, input: F::Input)
+    where
+        K: Hash + Eq + Clone,
+        F::Rank: Ord + Clone,
+    {
+        let hash = key.map(|key| self.chan.hasher.hash_one(key));
+        let chan = &*self.chan;
+        let mut guard = chan.lock();
+        let state = &mut *guard;
+        let mut clock = Clock::new(chan.epoch, &mut state.last_now);
+        let joining = Joining {
+            current: None,
+            values: 0,
+            weight: 0,
+            config: &chan.config,
+            clock: &mut clock,
         };
-        let rank = F::rank(input, &mut clock, None, 0, 0, &self.chan.config);
-        let rank = rank.expect("a rank for a key that may not be pending");
-        let moved = match key {
-            Some(key) => state.queue.promote(key, rank),
-            None => state.queue.promote_all(rank),
+        let rank = F::rank(input, joining).expect("a rank for a key that may not be pending");
+        let moved = match (key, hash) {
+            (Some(key), Some(hash)) => state.queue.promote_hashed(hash, key, rank),
+            _ => state.queue.promote_all(rank),
         };
-        let receiver = match moved {
-            true => state.recv_waiters.first().map(|(_, w)| w.clone()),
-            false => None,
-        };
-        drop(state);
-        wake([receiver]);
+        if moved {
+            guard.wake_receivers();
+        }
     }
 
     pub(crate) async fn closed(&self) {
@@ -749,7 +935,7 @@ where
         loop {
             // Register first, then look: a close in between still wakes us.
             notified.as_mut().enable();
-            if self.chan.lock().closed_at.is_some() {
+            if self.is_closed() {
                 return;
             }
             notified.as_mut().await;
@@ -765,38 +951,39 @@ where
         self.chan.lock().queue.len()
     }
 
+    /// Whether this handle can no longer send: the channel is closed, or `Sink::poll_close`
+    /// disconnected the handle.
     pub(crate) fn is_closed(&self) -> bool {
-        self.chan.lock().closed_at.is_some()
+        !self.connected || self.chan.lock().closed_at.is_some()
     }
 }
 
 // The value buffered for the `Sink` is moved, never pinned, so a sender is `Unpin` whatever
 // `K` and `V` are.
-impl<F: Flavor, K, V> Unpin for Sender<F, K, V> {}
+impl<F: Flavor, K, V> Unpin for Tx<F, K, V> {}
 
-impl<F: Flavor, K, V> Clone for Sender<F, K, V> {
+impl<F: Flavor, K, V> Clone for Tx<F, K, V> {
     fn clone(&self) -> Self {
-        self.chan.lock().senders += 1;
-        Sender {
+        // A clone of a disconnected handle is disconnected too: it never counted.
+        if self.connected {
+            self.chan.lock().senders += 1;
+        }
+        Tx {
             chan: Arc::clone(&self.chan),
             sink: Mutex::new(None),
-            place: None,
+            sink_waiting: None,
+            connected: self.connected,
         }
     }
 }
 
-impl<F: Flavor, K, V> Drop for Sender<F, K, V> {
+impl<F: Flavor, K, V> Drop for Tx<F, K, V> {
     fn drop(&mut self) {
-        let mut state = self.chan.lock();
-        let next = self.place.and_then(|p| self.chan.leave(&mut state, p));
-        state.senders -= 1;
-        let wakers = match state.senders {
-            0 => self.chan.close(&mut state),
-            _ => None,
-        };
-        drop(state);
-        wake([next]);
-        self.chan.wake_closed(wakers);
+        if self.connected {
+            self.disconnect();
+        } else if self.sink_waiting.is_some() {
+            self.chan.lock().sinks.leave(&mut self.sink_waiting);
+        }
     }
 }
 
@@ -808,129 +995,74 @@ struct PlaceGuard<'a, F: Flavor, K, V> {
 
 impl<F: Flavor, K, V> Drop for PlaceGuard<'_, F, K, V> {
     fn drop(&mut self) {
-        let Some(place) = self.place else { return };
-        let mut state = self.chan.lock();
-        let next = self.chan.leave(&mut state, place);
-        drop(state);
-        wake([next]);
+        if let Some(place) = self.place {
+            let mut guard = self.chan.lock();
+            self.chan.leave(&mut guard, place);
+        }
     }
 }
 
-// ===== impl Receiver =====
+// ===== impl Rx =====
 
-pub(crate) struct Receiver<F: Flavor, K, V> {
+/// The receiving half every flavour's `Receiver` wraps.
+pub(crate) struct Rx<F: Flavor, K, V> {
     chan: Arc<Chan<F, K, V>>,
-    waiter: Waiter,
-    /// The one timer this receiver sleeps on, made on first use and then reset.
-    sleep: Option<Pin<Box<Sleep>>>,
-    /// Whether `sleep` is set for a deadline that has not fired yet.
-    armed: bool,
-    /// The runtime `sleep` was made in.
-    runtime: Option<runtime::Id>,
+    /// This receiver's id among the waiting receivers, while it waits.
+    waiting: Option<u64>,
+    timer: Timer,
+    /// The stream has ended, for `FusedStream`.
+    ended: bool,
 }
 
-impl<F: Flavor, K: Hash + Eq + Clone, V> Receiver<F, K, V>
+impl<F: Flavor, K: Hash + Eq + Clone, V> Rx<F, K, V>
 where
     F::Rank: Ord + Clone,
 {
     pub(crate) fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Batch<K, V>>> {
+        let coop = ready!(coop::poll_proceed(cx));
         loop {
-            let mut state = self.chan.lock();
-            let now = Instant::now();
-            let batch = self.chan.pop(&mut state, now, false);
-            if !batch.is_empty() {
-                let was_first = self.waiter.leave(&mut state);
-                let wakes = self.after_batch(&state, now, was_first);
-                drop(state);
-                wake(wakes);
-                // Woken before its timer fired (a full key, a flush, a close): park the timer.
-                self.disarm(now);
-                return Poll::Ready(Some(batch));
-            }
-            if state.closed_at.is_some() {
-                // Closed and nothing came out: the queue is empty, and it stays so.
-                self.waiter.leave(&mut state);
-                state.terminated = true;
-                return Poll::Ready(None);
-            }
-
-            let first = self.waiter.enter(&mut state, cx.waker());
-            let deadline = match first {
-                true => {
-                    let config = &self.chan.config;
-                    state
-                        .queue
-                        .peek_rank()
-                        .and_then(|rank| F::deadline(rank, config))
+            let chan = &*self.chan;
+            let mut guard = chan.lock();
+            let now = chan.now();
+            let batch = chan.pop(&mut guard, now, Take::Due);
+            if !batch.is_empty() || guard.closed_at.is_some() {
+                guard.receiving.leave(&mut self.waiting);
+                if batch.is_empty() {
+                    // Closed and nothing came out: the queue is empty, and it stays so.
+                    guard.terminated = true;
+                } else {
+                    chan.after_batch(&mut guard, now);
                 }
-                false => None,
-            };
-            drop(state);
+                drop(guard);
+                // Woken before its timer fired (a full key, a flush, a close): drop it.
+                self.timer.disarm();
+                coop.made_progress();
+                self.ended = batch.is_empty();
+                return Poll::Ready((!batch.is_empty()).then_some(batch));
+            }
+            let state = &mut *guard;
+            state
+                .receiving
+                .enter(&mut self.waiting, &mut state.next_id, cx.waker());
+            let deadline = state.queue.peek_rank().and_then(F::deadline);
+            let deadline = deadline.and_then(|at| flavor::instant(chan.epoch, at));
+            drop(guard);
             let Some(deadline) = deadline else {
-                self.disarm(now);
+                // Nothing pending, or nothing with a deadline: no timer, so an idle wait in
+                // paused time does not jump the clock.
+                self.timer.disarm();
                 return Poll::Pending;
             };
-            // One timer per receiver, reset rather than made anew; but a timer belongs to the
-            // runtime it was made in, so a receiver that moved to another runtime (or
-            // outlived its first one) needs a new one.
-            let runtime = Handle::try_current().ok().map(|handle| handle.id());
-            if runtime != self.runtime {
-                self.sleep = None;
-                self.runtime = runtime;
-            }
-            self.armed = true;
-            let sleep = match &mut self.sleep {
-                Some(sleep) => {
-                    if sleep.deadline() != deadline {
-                        sleep.as_mut().reset(deadline);
-                    }
-                    sleep
-                }
-                None => self
-                    .sleep
-                    .insert(Box::pin(tokio::time::sleep_until(deadline))),
-            };
-            if sleep.as_mut().poll(cx).is_pending() {
+            if self.timer.poll_at(deadline, cx).is_pending() {
                 return Poll::Pending;
             }
             // The deadline passed while we looked: take the batch now.
-            self.armed = false;
         }
-    }
-
-    /// Parks a timer this receiver no longer sleeps on: left set for an old deadline, it
-    /// would wake the task for nothing. Resetting keeps the one timer for later.
-    fn disarm(&mut self, now: Instant) {
-        if let (Some(sleep), true) = (&mut self.sleep, self.armed) {
-            sleep.as_mut().reset(now + FAR);
-            self.armed = false;
-        }
-    }
-
-    /// Who to wake after a batch was taken: the next send in line for room or for a key
-    /// slot, and another waiting receiver if due work is left behind, or if this receiver
-    /// held the timer and leaves any work.
-    fn after_batch(&self, state: &State<F::Rank, K, V>, now: Instant, was_first: bool) -> Wakes {
-        let closed = state.closed_at.is_some();
-        let config = &self.chan.config;
-        let due_left = state
-            .queue
-            .front_is(|rank| closed || F::is_due(rank, now, config));
-        let receiver = if due_left || (was_first && !state.queue.is_empty()) {
-            state.recv_waiters.first().map(|(_, w)| w.clone())
-        } else {
-            None
-        };
-        [
-            receiver,
-            self.chan.room_waiter(state),
-            self.chan.key_waiter(state),
-        ]
     }
 
     pub(crate) async fn recv(&mut self) -> Option<Batch<K, V>> {
-        /// Gives up this receiver's place among the waiters if `recv` is cancelled.
-        struct Cancel<'a, F: Flavor, K, V>(&'a mut Receiver<F, K, V>);
+        /// Stops waiting if `recv` is cancelled.
+        struct Cancel<'a, F: Flavor, K, V>(&'a mut Rx<F, K, V>);
         impl<F: Flavor, K, V> Drop for Cancel<'_, F, K, V> {
             fn drop(&mut self) {
                 self.0.stop_waiting();
@@ -941,36 +1073,34 @@ where
     }
 
     pub(crate) fn try_recv(&mut self) -> Result<Batch<K, V>, TryRecvError> {
-        let mut state = self.chan.lock();
-        let now = Instant::now();
-        let batch = self.chan.pop(&mut state, now, false);
+        let chan = &*self.chan;
+        let mut guard = chan.lock();
+        let now = chan.now();
+        let batch = chan.pop(&mut guard, now, Take::Due);
         if batch.is_empty() {
-            if state.closed_at.is_some() {
-                state.terminated = true;
+            if guard.closed_at.is_some() {
+                guard.terminated = true;
                 return Err(TryRecvError::Disconnected);
             }
             return Err(TryRecvError::Empty);
         }
-        let wakes = self.after_batch(&state, now, false);
-        drop(state);
-        wake(wakes);
+        chan.after_batch(&mut guard, now);
         Ok(batch)
     }
 
     pub(crate) fn drain_now(&mut self) -> Vec<Batch<K, V>> {
-        let mut state = self.chan.lock();
-        let now = Instant::now();
+        let chan = &*self.chan;
+        let mut guard = chan.lock();
+        let now = chan.now();
         let mut batches = Vec::new();
         loop {
-            let batch = self.chan.pop(&mut state, now, true);
+            let batch = chan.pop(&mut guard, now, Take::All);
             if batch.is_empty() {
                 break;
             }
             batches.push(batch);
         }
-        let wakes = self.after_batch(&state, now, false);
-        drop(state);
-        wake(wakes);
+        chan.after_batch(&mut guard, now);
         batches
     }
 
@@ -980,43 +1110,72 @@ where
         key: K,
         values: Vec<V>,
     ) -> Result<(), Refused<F, K, Vec<V>>> {
-        // Weigh outside the lock: the weigher is user code.
-        let weights = self
-            .chan
+        let chan = &*self.chan;
+        // User code (the weigher, `Hash`) runs before the lock is taken.
+        let weights = chan
             .weigh
             .as_ref()
             .map(|weigh| values.iter().map(|v| weigh(v)).collect());
-        let mut state = self.chan.lock();
-        if state.terminated {
+        let hash = chan.hasher.hash_one(&key);
+        let mut guard = chan.lock();
+        if guard.terminated {
             return Err(SendError((input, key, values)));
         }
+        if values.is_empty() {
+            return Ok(());
+        }
+        let state = &mut *guard;
         let count = values.len() as u64;
-        let mut clock = Clock {
-            last: &mut state.last_now,
-            now: None,
+        let mut clock = Clock::new(chan.epoch, &mut state.last_now);
+        let joining = Joining {
+            current: None,
+            values: 0,
+            weight: 0,
+            config: &chan.config,
+            clock: &mut clock,
         };
-        let rank = F::rank(input, &mut clock, None, 0, 0, &self.chan.config);
+        let rank = F::rank(input, joining).expect("a rank for a key that may not be pending");
         let now = clock.now();
-        let rank = rank.expect("a rank for a key that may not be pending");
-        let inserted = state.queue.requeue_inner(key, values, weights, rank);
+        let items = Items::Prepend(values, weights);
+        let inserted = state.queue.insert(hash, key, items, |_, _, _| Some(rank));
         state.counts.requeued += count;
-        state.arrivals.extend(
-            inserted
-                .new_run
-                .map(|run| (run, self.chan.config.nanos(now))),
-        );
-        let receiver = match inserted.leads {
-            true => state.recv_waiters.first().map(|(_, w)| w.clone()),
-            false => None,
-        };
-        drop(state);
-        wake([receiver]);
+        state
+            .arrivals
+            .extend(inserted.new_run.map(|run| (run, now)));
+        guard.spare = (inserted.spare_key, inserted.spare_rank);
+        if inserted.leads {
+            guard.wake_receivers();
+        }
+        chan.wake_same_key(&mut guard, hash);
         Ok(())
     }
 
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        let chan = &*self.chan;
+        let state = chan.lock();
+        let deadline = state.queue.peek_rank().map(F::deadline)?;
+        // Once closed, everything is due.
+        let at = match (deadline, state.closed_at) {
+            (Some(at), Some(closed)) => Some(at.min(closed)),
+            (at, closed) => at.or(closed),
+        };
+        at.and_then(|at| flavor::instant(chan.epoch, at))
+    }
+}
+
+impl<F: Flavor, K, V> Rx<F, K, V> {
+    /// Leaves the waiting receivers (a cancelled `recv`, a dropped receiver), and drops
+    /// the timer: a receiver that is not waiting holds no timer.
+    fn stop_waiting(&mut self) {
+        if self.waiting.is_some() {
+            self.chan.lock().receiving.leave(&mut self.waiting);
+        }
+        self.timer.disarm();
+    }
+
     pub(crate) fn close(&self) {
-        let wakers = self.chan.close(&mut self.chan.lock());
-        self.chan.wake_closed(wakers);
+        let mut guard = self.chan.lock();
+        self.chan.close(&mut guard);
     }
 
     pub(crate) fn stats(&self) -> Stats {
@@ -1031,111 +1190,92 @@ where
         self.chan.lock().queue.key_count()
     }
 
-    pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        let config = &self.chan.config;
-        let state = self.chan.lock();
-        state
-            .queue
-            .peek_rank()
-            .and_then(|rank| F::deadline(rank, config))
-    }
-
     pub(crate) fn is_closed(&self) -> bool {
         self.chan.lock().closed_at.is_some()
     }
-}
 
-impl<F: Flavor, K, V> Receiver<F, K, V> {
-    /// Leaves the waiting receivers for good (a cancelled `recv`, a dropped receiver). If
-    /// this one held the timer, the next waiting receiver takes it over.
-    fn stop_waiting(&mut self) {
-        if !self.waiter.waiting {
-            return;
-        }
-        let mut state = self.chan.lock();
-        let next = if self.waiter.leave(&mut state) && !state.queue.is_empty() {
-            state.recv_waiters.first().map(|(_, w)| w.clone())
-        } else {
-            None
-        };
-        drop(state);
-        wake([next]);
+    /// Whether this receiver's stream has ended.
+    pub(crate) fn is_terminated(&self) -> bool {
+        self.ended
     }
 }
 
-impl<F: Flavor, K, V> Clone for Receiver<F, K, V> {
+impl<F: Flavor, K, V> Clone for Rx<F, K, V> {
     fn clone(&self) -> Self {
-        let mut state = self.chan.lock();
-        state.receivers += 1;
-        state.next_id += 1;
-        let id = state.next_id;
-        drop(state);
-        Receiver {
+        self.chan.lock().receivers += 1;
+        Rx {
             chan: Arc::clone(&self.chan),
-            waiter: Waiter { id, waiting: false },
-            sleep: None,
-            armed: false,
-            runtime: None,
+            waiting: None,
+            timer: Timer::default(),
+            ended: self.ended,
         }
     }
 }
 
-impl<F: Flavor, K, V> Drop for Receiver<F, K, V> {
+impl<F: Flavor, K, V> Drop for Rx<F, K, V> {
     fn drop(&mut self) {
         self.stop_waiting();
-        let mut state = self.chan.lock();
-        state.receivers -= 1;
-        if state.receivers > 0 {
+        let mut guard = self.chan.lock();
+        guard.receivers -= 1;
+        if guard.receivers > 0 {
             return;
         }
         // No one can receive any more: refuse sends and drop what is pending, outside the
         // lock, since a value's `Drop` is user code.
-        let wakers = self.chan.close(&mut state);
-        let pending = state.queue.take_all();
-        state.arrivals = VecDeque::new();
-        drop(state);
-        self.chan.wake_closed(wakers);
+        self.chan.close(&mut guard);
+        let pending = guard.queue.take_all();
+        guard.arrivals = VecDeque::new();
+        drop(guard);
         drop(pending);
     }
 }
 
-/// A receiver's place among the waiting receivers.
-struct Waiter {
-    /// Names this receiver in `recv_waiters`.
-    id: u64,
-    /// Whether this receiver is in `recv_waiters`.
-    waiting: bool,
+/// A receiver's own timer: made on first use, then reset, and dropped when the receiver
+/// stops waiting with the timer still set, since a set timer left behind wakes the task
+/// for nothing and, in paused time, moves the clock.
+#[derive(Default)]
+struct Timer {
+    sleep: Option<Pin<Box<Sleep>>>,
+    /// Whether `sleep` was polled and left pending: set in tokio's timer.
+    armed: bool,
+    /// The runtime `sleep` was made in.
+    runtime: Option<runtime::Id>,
 }
 
-impl Waiter {
-    /// Joins the waiting receivers, or updates the waker if already there. Returns whether
-    /// this receiver is the first, the one that sleeps on the timer.
-    fn enter<R, K, V>(&mut self, state: &mut State<R, K, V>, waker: &Waker) -> bool {
-        if self.waiting {
-            let entry = state.recv_waiters.iter_mut().find(|(id, _)| *id == self.id);
-            update_waker(&mut entry.expect("waiting receiver is listed").1, waker);
-        } else {
-            state.recv_waiters.push((self.id, waker.clone()));
-            self.waiting = true;
+impl Timer {
+    /// Polls a timer set for `deadline`.
+    fn poll_at(&mut self, deadline: Instant, cx: &mut Context<'_>) -> Poll<()> {
+        // A timer belongs to the runtime it was made in, so a receiver that moved to
+        // another runtime (or outlived its first one) needs a new one.
+        let runtime = Handle::try_current().ok().map(|handle| handle.id());
+        if runtime != self.runtime {
+            self.sleep = None;
+            self.runtime = runtime;
         }
-        state.recv_waiters[0].0 == self.id
+        let sleep = match &mut self.sleep {
+            Some(sleep) => {
+                if sleep.deadline() != deadline {
+                    sleep.as_mut().reset(deadline);
+                }
+                sleep
+            }
+            None => self
+                .sleep
+                .insert(Box::pin(tokio::time::sleep_until(deadline))),
+        };
+        let polled = sleep.as_mut().poll(cx);
+        self.armed = polled.is_pending();
+        polled
     }
 
-    /// Leaves the waiting receivers. Returns whether this receiver was the first.
-    fn leave<R, K, V>(&mut self, state: &mut State<R, K, V>) -> bool {
-        if !mem::take(&mut self.waiting) {
-            return false;
+    /// Takes the timer out of tokio's timer, if it is in it. One that fired is kept, to
+    /// be reset next time.
+    fn disarm(&mut self) {
+        if mem::take(&mut self.armed) && self.sleep.as_ref().is_some_and(|s| !s.is_elapsed()) {
+            self.sleep = None;
         }
-        let at = state.recv_waiters.iter().position(|(id, _)| *id == self.id);
-        state
-            .recv_waiters
-            .remove(at.expect("waiting receiver is listed"));
-        at == Some(0)
     }
 }
-
-/// Longer than any program waits: about 30 years.
-pub(crate) const FAR: Duration = Duration::from_secs(30 * 365 * 24 * 60 * 60);
 
 // ===== blocking =====
 

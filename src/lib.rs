@@ -46,9 +46,13 @@
 //!
 //! - **`timed`**: a key's deadline is the smallest deadline among its pending values. `send`
 //!   gives a value the deadline `now + window`, taken when the value enters the channel (after
-//!   any wait for room); `send_by` gives it the deadline passed in. A key is due when its
-//!   deadline is at or before now. A key holding `max_values_per_key` values is due at once.
-//!   Time is [`tokio::time::Instant`]: monotonic, and paused in tests.
+//!   any wait for room). `send_by(key, value, by)` gives it the earlier of `by` and
+//!   `now + window`: "by" means "at the latest", so the window is the longest any value
+//!   waits. A key is due when its deadline is at or before now. A key holding
+//!   `max_values_per_key` values (or `max_key_weight` weight) is due at once. A deadline too
+//!   far off to represent (about 146 years) is never reached: such a key waits for a flush or
+//!   a close, and is never due early. Time is [`tokio::time::Instant`]: monotonic, and paused
+//!   in tests.
 //! - **`ordered`**: every key is due at once; a key ranks by the smallest sort key among its
 //!   pending values.
 //!
@@ -63,15 +67,27 @@
 //!   due meanwhile.
 //! - Never nothing: a batch is never empty.
 //!
-//! Every value is delivered exactly once. Cloned receivers share the work: each batch goes
-//! to one of them.
+//! *Due* is when a key may be taken. A waiting receiver takes it then (one timer tick later
+//! at most, tokio's timer having a 1 ms tick); otherwise it is taken when a receiver next
+//! asks. Every value is delivered exactly once. Cloned receivers share the work: each batch
+//! goes to one of them.
 //!
 //! # No polling
 //!
-//! A waiting receiver sleeps on one tokio timer, reset to the earliest deadline. A sender
-//! wakes it only when the earliest deadline moves earlier, or when the channel closes, so a
-//! receiver waiting on a quiet channel is not woken at all. A receiver that leaves due work
-//! behind wakes another waiting receiver.
+//! A waiting receiver sleeps on a tokio timer of its own, set to the earliest deadline; a
+//! receiver that is not waiting holds no timer. A sender wakes the waiting receivers only
+//! when the earliest deadline moves earlier (a key is due at once, say), or when the
+//! channel closes, so a receiver waiting on a quiet channel is not woken at all.
+//!
+//! With cloned receivers, each of these events, and each deadline, wakes every waiting
+//! receiver, and one of them takes the batch: with `n` receivers waiting, a batch costs up
+//! to `n` wakes. In return no receiver depends on another: one that waits and is then never
+//! polled again (a `next()` left behind in a `select!`, a `take_until` that ended) holds up
+//! no other. A receiver that leaves due work behind wakes the others.
+//!
+//! `send`, `recv` and the `Sink` take part in tokio's cooperative scheduling, as tokio's
+//! own channels do: a task that sends in a tight loop yields to the runtime now and then,
+//! so it cannot starve the timer that wakes the receivers.
 //!
 //! # Limits
 //!
@@ -87,12 +103,15 @@
 //! | `max_key_weight(n)` | `timed` | a key's pending weight | the key is due at once |
 //! | `capacity(n)` | both | pending values | `send` waits, `try_send` returns `Full` |
 //! | `max_weight(n)` | both | pending weight, with the new value | `send` waits, `try_send` returns `Full`; a value heavier than `n` waits for an empty channel |
-//! | `max_keys(n)` | both | pending keys | a value for a new key waits (`send`) or is refused (`try_send`); values for pending keys still go in |
+//! | `max_keys(n)` | both | pending keys | a value for a new key waits (`send`) or is refused (`try_send`); values for pending keys still go in, after any earlier send of the same key |
 //!
 //! Waiting sends go in first come, first served, and `try_send` returns
-//! [`TrySendError::Full`](error::TrySendError::Full) while earlier sends wait. Room returns as
-//! soon as a batch is taken. Values handed back with `requeue` always go in, past any of these
-//! limits.
+//! [`TrySendError::Full`](error::TrySendError::Full) while earlier sends wait. The values of
+//! one key go in in the order they were sent, so a value for a pending key waits behind an
+//! earlier send of that key that waits for a key slot. Room returns as soon as a batch is
+//! taken. Values handed back with `requeue` always go in, past any of these limits. A value
+//! held by a sender's `Sink` impl holds no place in line: it goes in once there is room and no
+//! `send` waits, so a sink that is no longer polled holds up no one.
 //!
 //! # Flushing, draining and watching
 //!
@@ -105,8 +124,10 @@
 //! - Senders are [`Sink`]s too, so `stream.map(Ok).forward(tx)` works, and
 //!   `Sender::closed()` resolves once the channel is closed for sending: every receiver is
 //!   gone, or one called `close`.
+//! - Receivers are [`FusedStream`]s, so `futures::select!` with `select_next_some()` works.
 //!
 //! [`Sink`]: futures_sink::Sink
+//! [`FusedStream`]: futures_core::stream::FusedStream
 //!
 //! # Failed deliveries
 //!
@@ -116,19 +137,28 @@
 //!
 //! # Disconnection
 //!
-//! The channel closes when every sender is dropped or a receiver calls `close`. Sends then
-//! fail and hand the value back. Every pending key is due at once, batches still respect
-//! `max_batch`, and the stream ends once everything is delivered. A `requeue` before the end
-//! joins the flush.
+//! The channel closes when every sender is dropped (or closed as a `Sink`, with
+//! `poll_close`), or a receiver calls `close`. Sends then fail and hand the value back. Every
+//! pending key is due at once, batches still respect `max_batch`, and the stream ends once
+//! everything is delivered. A `requeue` before the end joins the flush.
 //!
 //! When every receiver is dropped, sends fail and hand the value back, and the pending
 //! values are dropped.
 //!
 //! # Panics in user code
 //!
-//! A key whose `Hash`, `Eq` or `Clone` panics (or a sort key whose `Ord` or `Clone` does)
-//! makes that call panic. The channel stays usable: the lock is not left poisoned, and no
-//! other key's values are lost.
+//! A key whose `Hash`, `Eq` or `Clone` panics (or a sort key whose `Ord` or `Clone` does, or
+//! a weigher) makes that call panic. The channel stays usable and no other key's values are
+//! lost: such a panic under the channel's lock poisons the lock, and the channel recovers it,
+//! since its state is whole at every point where user code runs. A key whose `Clone` panics
+//! when a batch has to split it is not split again: its values go out together, in a batch
+//! of their own, even past `max_batch` and `max_batch_weight`.
+//!
+//! User code that runs under the lock is exactly this: `Eq` of keys (when a value goes in,
+//! or a key is flushed), `Clone` of a key that a batch splits, and in `ordered`, `Ord` and
+//! `Clone` of sort keys. `Hash` and the weigher run before the lock is taken. Keys, values
+//! and sort keys are dropped, and wakers woken, after it is released, so a `Drop` or a waker
+//! may use the channel.
 
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -141,13 +171,15 @@
 
 pub mod builder;
 mod chan;
+mod config;
 pub mod error;
+mod flavor;
 pub mod ordered;
 pub mod queue;
 pub mod stats;
 pub mod timed;
 
-pub use chan::Weigher;
+pub use config::Weigher;
 
 /// A batch: due keys in rank order, each with its pending values in the order they were sent.
 pub type Batch<K, V> = Vec<(K, Vec<V>)>;

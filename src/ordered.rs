@@ -30,43 +30,37 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures_core::Stream;
+use futures_core::stream::{FusedStream, Stream};
 use futures_sink::Sink;
-use tokio::time::Instant;
 
 use crate::builder;
-use crate::chan::{self, Clock, Config, Flavor, Weigher, Why};
+use crate::chan;
+use crate::config::{Config, Weigher};
 use crate::error::{SendError, TryRecvError, TrySendError};
+use crate::flavor::{Flavor, Joining, Reason};
 use crate::stats::Stats;
 use crate::Batch;
 
 /// The `ordered` flavour: ranks are the senders' sort keys, and every key is due at once.
-struct Ordered<S>(PhantomData<fn() -> S>);
+struct SortKeys<S>(PhantomData<fn() -> S>);
 
-impl<S> Flavor for Ordered<S> {
+impl<S> Flavor for SortKeys<S> {
     type Rank = S;
     type Input = S;
 
-    fn rank(
-        sort_key: S,
-        _: &mut Clock<'_>,
-        _: Option<&S>,
-        _: usize,
-        _: usize,
-        _: &Config,
-    ) -> Option<S> {
+    fn rank(sort_key: S, _: Joining<'_, '_, S>) -> Option<S> {
         Some(sort_key)
     }
 
-    fn why(_: &S) -> Why {
-        Why::Due
-    }
-
-    fn is_due(_: &S, _: Instant, _: &Config) -> bool {
+    fn is_due(_: &S, _: u64) -> bool {
         true
     }
 
-    fn deadline(_: &S, _: &Config) -> Option<Instant> {
+    fn reason(_: &S) -> Reason {
+        Reason::Deadline
+    }
+
+    fn deadline(_: &S) -> Option<u64> {
         None
     }
 }
@@ -175,7 +169,7 @@ impl<W> Builder<W> {
 /// # }
 /// ```
 pub struct Sender<S, K, V> {
-    inner: chan::Sender<Ordered<S>, K, V>,
+    inner: chan::Tx<SortKeys<S>, K, V>,
 }
 
 impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
@@ -233,12 +227,16 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
 
     /// Sends a value from a plain thread, blocking it while the channel is full.
     ///
-    /// Do not call this from async code: it blocks the executor's thread. It needs no
-    /// runtime.
+    /// It needs no runtime, and works on `spawn_blocking` threads.
     ///
     /// # Errors
     ///
     /// If the channel is closed, the sort key, key and value come back in the error.
+    ///
+    /// # Panics
+    ///
+    /// Panics if called from async code, on a thread that drives a tokio runtime's tasks:
+    /// blocking it there could stall the very tasks that would make room.
     ///
     /// # Examples
     ///
@@ -254,9 +252,12 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
     pub fn blocking_send(&self, sort_key: S, key: K, value: V) -> Result<(), SendError<(S, K, V)>> {
         self.inner.blocking_send(sort_key, key, value)
     }
+}
 
-    /// Whether the channel is closed: by [`Receiver::close`], or because every receiver is
-    /// gone. Sends then fail.
+impl<S, K, V> Sender<S, K, V> {
+    /// Whether this sender can no longer send: the channel is closed (by
+    /// [`Receiver::close`], the last sender going, or every receiver going), or this handle
+    /// was closed as a `Sink` with `poll_close`. Sends then fail.
     ///
     /// # Examples
     ///
@@ -300,9 +301,7 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-}
 
-impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
     /// Waits until the channel is closed for sending: every receiver is gone, or one called
     /// [`Receiver::close`].
     ///
@@ -367,18 +366,26 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
     }
 }
 
-/// Sends `(sort_key, key, value)` triples, so that `stream.map(..).forward(tx)` works.
+/// Sends `(sort_key, key, value)` triples, so that `stream.map(Ok).forward(tx)` works.
 ///
-/// `poll_ready` sends the value `start_send` took last, waiting for room as
-/// [`Sender::send`] does: it honours the capacity, weight and key limits without busy-looping.
-/// A value whose send fails comes back in the error.
+/// `start_send` takes a value, and `poll_ready` or `poll_flush` sends it, waiting for room as
+/// [`Sender::send`] does, without busy-looping. `poll_close` sends it too, then disconnects
+/// this handle: the handle stops counting as a sender (if it was the last one, the channel
+/// closes and the stream ends), and it refuses later sends.
+///
+/// # Errors
+///
+/// A value that cannot go in because the channel is closed, or this handle was closed,
+/// comes back in the error as `Some`. `poll_ready` on a closed channel with no value taken
+/// returns the error with `None`.
 ///
 /// # Cancel safety
 ///
 /// A value taken by `start_send` stays in this sender until a later `poll_ready`,
-/// `poll_flush` or `poll_close` sends it, and while it waits for room it keeps its place in
-/// the line of waiting senders, ahead of later ones. To give up on it (after a timeout, say),
-/// call [`Sender::abort_send`], or drop the sender.
+/// `poll_flush` or `poll_close` sends it. While it waits for room it holds no place in the
+/// line of waiting sends: it goes in once there is room and no `send` call is waiting, so a
+/// sink left unpolled (after a timeout, say) holds up no one. To take the value back, call
+/// [`Sender::abort_send`]; dropping the sender drops it.
 ///
 /// # Panics
 ///
@@ -401,10 +408,10 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
 /// # }
 /// ```
 impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sink<(S, K, V)> for Sender<S, K, V> {
-    type Error = SendError<(S, K, V)>;
+    type Error = SendError<Option<(S, K, V)>>;
 
     fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.get_mut().inner.poll_flush(cx)
+        self.get_mut().inner.poll_ready(cx)
     }
 
     fn start_send(
@@ -420,7 +427,7 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sink<(S, K, V)> for Sender<S, K, V
     }
 
     fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.get_mut().inner.poll_flush(cx)
+        self.get_mut().inner.poll_close(cx)
     }
 }
 
@@ -441,9 +448,16 @@ impl<S, K, V> fmt::Debug for Sender<S, K, V> {
 /// Receives batches from an `ordered` channel.
 ///
 /// It is a [`Stream`] of batches, each holding the best-ranked keys (ties go to the key whose
-/// pending values started first), each with its values in the order they were sent. Clones
-/// share the work: each batch goes to exactly one of them. The stream ends once the channel
-/// is closed and drained.
+/// pending values started first), each with its values in the order they were sent. The
+/// stream ends once the channel is closed and drained, and is fused: it then stays ended.
+///
+/// # Cloned receivers
+///
+/// Clones share the work: each batch goes to exactly one of them. A send into an empty
+/// channel (or one that ranks first) wakes every waiting receiver: one takes the batch, and
+/// the others find nothing and wait again. So with `n` receivers waiting, a batch costs up to
+/// `n` wakes, and a receiver that waits and is then not polled (a `next()` left behind in a
+/// `select!`, say) holds up no other.
 ///
 /// # Examples
 ///
@@ -462,7 +476,7 @@ impl<S, K, V> fmt::Debug for Sender<S, K, V> {
 /// # }
 /// ```
 pub struct Receiver<S, K, V> {
-    inner: chan::Receiver<Ordered<S>, K, V>,
+    inner: chan::Rx<SortKeys<S>, K, V>,
 }
 
 impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
@@ -471,11 +485,7 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
     /// # Cancel safety
     ///
     /// This method is cancel safe: if it is dropped before it completes, no value has left
-    /// the channel.
-    ///
-    /// Prefer it to `StreamExt::next` in `select!` when receivers are cloned: a dropped
-    /// `next()` future cannot give up the receiver's place among the waiters, so until this
-    /// receiver is polled again or dropped, the others are not woken when values arrive.
+    /// the channel, and the receiver stops waiting.
     ///
     /// # Examples
     ///
@@ -500,9 +510,9 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
     /// Returns `Poll::Pending` while nothing is pending, and `Poll::Ready(None)` once the
     /// channel is closed and drained.
     ///
-    /// A receiver that returned `Pending` keeps its place among the waiting receivers until it
-    /// is polled again or dropped; with cloned receivers, keep polling it (or drop it), or the
-    /// others are not woken. The `Stream` impl works the same way.
+    /// A receiver that returned `Pending` stays registered until it is polled again or
+    /// dropped; the `Stream` impl works the same way. Other clones do not depend on it (see
+    /// [Cloned receivers](Receiver#cloned-receivers)).
     ///
     /// # Examples
     ///
@@ -543,26 +553,6 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
         self.inner.try_recv()
     }
 
-    /// Closes the channel for sending, without dropping what is pending.
-    ///
-    /// Sends then fail and hand their value back; the stream ends once what is pending is
-    /// delivered. Waiting senders and receivers are woken.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use keyed_batch::ordered;
-    ///
-    /// let (tx, mut rx) = ordered::channel();
-    /// tx.try_send(1, "k", 'v').unwrap();
-    /// rx.close();
-    /// assert!(tx.try_send(1, "k", 'w').unwrap_err().is_closed());
-    /// assert_eq!(rx.try_recv(), Ok(vec![("k", vec!['v'])]));
-    /// ```
-    pub fn close(&self) {
-        self.inner.close()
-    }
-
     /// Hands back values whose delivery failed, so they are delivered again.
     ///
     /// The values go in front of any newer values of the key, and the key's rank becomes the
@@ -593,6 +583,46 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
         values: Vec<V>,
     ) -> Result<(), SendError<(S, K, Vec<V>)>> {
         self.inner.requeue(sort_key, key, values)
+    }
+
+    /// Takes everything pending now, as batches split by the caps.
+    ///
+    /// It is for shutdown paths that cannot wait. The channel stays open.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::ordered;
+    ///
+    /// let (tx, mut rx) = ordered::Builder::new().max_batch(1).build();
+    /// tx.try_send(2, "b", ()).unwrap();
+    /// tx.try_send(1, "a", ()).unwrap();
+    /// assert_eq!(rx.drain_now(), vec![vec![("a", vec![()])], vec![("b", vec![()])]]);
+    /// ```
+    pub fn drain_now(&mut self) -> Vec<Batch<K, V>> {
+        self.inner.drain_now()
+    }
+}
+
+impl<S, K, V> Receiver<S, K, V> {
+    /// Closes the channel for sending, without dropping what is pending.
+    ///
+    /// Sends then fail and hand their value back; the stream ends once what is pending is
+    /// delivered. Waiting senders and receivers are woken.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::ordered;
+    ///
+    /// let (tx, mut rx) = ordered::channel();
+    /// tx.try_send(1, "k", 'v').unwrap();
+    /// rx.close();
+    /// assert!(tx.try_send(1, "k", 'w').unwrap_err().is_closed());
+    /// assert_eq!(rx.try_recv(), Ok(vec![("k", vec!['v'])]));
+    /// ```
+    pub fn close(&self) {
+        self.inner.close()
     }
 
     /// Pending values, over all keys.
@@ -656,26 +686,6 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
     pub fn is_closed(&self) -> bool {
         self.inner.is_closed()
     }
-}
-
-impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
-    /// Takes everything pending now, as batches split by the caps.
-    ///
-    /// It is for shutdown paths that cannot wait. The channel stays open.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use keyed_batch::ordered;
-    ///
-    /// let (tx, mut rx) = ordered::Builder::new().max_batch(1).build();
-    /// tx.try_send(2, "b", ()).unwrap();
-    /// tx.try_send(1, "a", ()).unwrap();
-    /// assert_eq!(rx.drain_now(), vec![vec![("a", vec![()])], vec![("b", vec![()])]]);
-    /// ```
-    pub fn drain_now(&mut self) -> Vec<Batch<K, V>> {
-        self.inner.drain_now()
-    }
 
     /// A snapshot of the channel's state and totals.
     ///
@@ -698,6 +708,14 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Stream for Receiver<S, K, V> {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         self.get_mut().poll_recv(cx)
+    }
+}
+
+/// The stream is terminated once this receiver has returned `None`: the channel is closed
+/// and drained, and stays so.
+impl<S: Ord + Clone, K: Hash + Eq + Clone, V> FusedStream for Receiver<S, K, V> {
+    fn is_terminated(&self) -> bool {
+        self.inner.is_terminated()
     }
 }
 

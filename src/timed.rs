@@ -1,12 +1,15 @@
-//! Per-key time-window batching: a key's values come out together, at most `window` after
-//! the first of them was sent.
+//! Per-key time-window batching: a key's values come out together, due at most `window`
+//! after the first of them was sent.
 //!
 //! A value sent with [`Sender::send`] is due `window` after it enters the channel. A key is
 //! due at the smallest deadline among its pending values, so the first value of a quiet key
 //! sets the pace and later values ride along. [`Sender::send_by`] gives one value a tighter
 //! deadline of its own, and [`Builder::max_values_per_key`] makes a busy key due at once.
+//! *Due* is when a key may be taken; a receiver takes it then if it is waiting, or when it
+//! next asks.
 //!
-//! The [`Receiver`] sleeps on one tokio timer until the earliest deadline; it does not poll.
+//! A waiting [`Receiver`] sleeps on a tokio timer until the earliest deadline; it does not
+//! poll.
 //!
 //! # Examples
 //!
@@ -34,56 +37,54 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures_core::Stream;
+use futures_core::stream::{FusedStream, Stream};
 use futures_sink::Sink;
 use tokio::time::Instant;
 
 use crate::builder;
-use crate::chan::{self, Clock, Config, Flavor, Weigher, Why, FAR};
+use crate::chan;
+use crate::config::{Config, Weigher};
 use crate::error::{SendError, TryRecvError, TrySendError};
+use crate::flavor::{Flavor, Joining, Reason};
 use crate::stats::Stats;
 use crate::Batch;
 
 /// The `timed` flavour: ranks are deadlines.
-enum Timed {}
+enum Deadlines {}
 
 /// A key's deadline, and why it is what it is. Only the deadline orders them.
 ///
 /// A rank is copied into every slot and every ticket, so it is packed into 8 bytes (an
 /// `Instant` alone takes 16): the deadline in nanoseconds from the channel's epoch in the low
-/// 62 bits, which reach 146 years, and the reason in the top two.
+/// 62 bits, and the reason in the top two. The largest deadline, about 146 years on, is
+/// [`NEVER`](Deadline::NEVER): a later deadline cannot be told apart from it, so it is due
+/// only at a flush or a close, never early.
 #[derive(Clone, Copy, Debug)]
 struct Deadline(u64);
 
 impl Deadline {
-    const AT: u64 = (1 << 62) - 1;
+    const NEVER: u64 = (1 << 62) - 1;
 
-    fn new(at: u64, why: Why) -> Self {
-        let why = match why {
-            Why::Due => 0,
-            Why::FullKey => 1,
-            Why::Flush => 2,
+    fn new(at: u64, reason: Reason) -> Self {
+        let reason = match reason {
+            Reason::Deadline => 0,
+            Reason::FullKey => 1,
+            Reason::Flush => 2,
         };
-        Deadline(at.min(Self::AT) | why << 62)
+        Deadline(at.min(Self::NEVER) | reason << 62)
     }
 
     fn at(self) -> u64 {
-        self.0 & Self::AT
+        self.0 & Self::NEVER
     }
 
-    fn why(self) -> Why {
+    fn reason(self) -> Reason {
         match self.0 >> 62 {
-            0 => Why::Due,
-            1 => Why::FullKey,
-            _ => Why::Flush,
+            0 => Reason::Deadline,
+            1 => Reason::FullKey,
+            _ => Reason::Flush,
         }
     }
-}
-
-/// The window in nanoseconds. A window too long to add is "never": capped at the far
-/// future, deadlines stay monotonic in `now`, so the FIFO order holds.
-fn window(config: &Config) -> u64 {
-    u64::try_from(config.window.min(FAR).as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Ord for Deadline {
@@ -110,61 +111,66 @@ impl Eq for Deadline {}
 enum Due {
     /// `window` after it enters the channel.
     Window,
-    /// At this instant, or at once if it has passed.
+    /// At this instant, or `window` after it enters the channel if that is sooner.
     By(Instant),
     /// At once, for this reason.
-    Now(Why),
+    Now(Reason),
 }
 
-impl Flavor for Timed {
+impl Flavor for Deadlines {
     type Rank = Deadline;
     type Input = Due;
 
-    fn rank(
-        due: Due,
-        clock: &mut Clock<'_>,
-        current: Option<&Deadline>,
-        values: usize,
-        weight: usize,
-        config: &Config,
-    ) -> Option<Deadline> {
+    fn rank(due: Due, joining: Joining<'_, '_, Deadline>) -> Option<Deadline> {
+        let Joining {
+            current,
+            values,
+            weight,
+            config,
+            clock,
+        } = joining;
+        // A window too long to add is "never": saturating keeps deadlines monotonic in
+        // arrival, so the FIFO order holds.
+        let window = u64::try_from(config.window.as_nanos()).unwrap_or(u64::MAX);
         let full = config.is_full(values, weight);
         if let (Some(current), false) = (current, full) {
             // Most values join a key that is already due sooner than they would make it:
             // tell so without reading the clock, from a reading at or before now.
             let at_least = match due {
-                Due::Window => clock
+                Due::Window => clock.floor().map(|floor| floor.saturating_add(window)),
+                Due::By(at) => clock
                     .floor()
-                    .map(|floor| config.nanos(floor).saturating_add(window(config))),
-                Due::By(at) => Some(config.nanos(at)),
+                    .map(|floor| clock.since(at).min(floor.saturating_add(window))),
                 Due::Now(_) => None,
             };
-            if at_least.is_some_and(|at| at >= current.at()) {
+            if at_least.is_some_and(|at| at.min(Deadline::NEVER) >= current.at()) {
                 return None;
             }
         }
-        let now = config.nanos(clock.now());
-        let (at, why) = match due {
-            Due::Window => (now.saturating_add(window(config)), Why::Due),
-            Due::By(at) => (config.nanos(at), Why::Due),
-            Due::Now(why) => (now, why),
+        let now = clock.now();
+        let by_window = now.saturating_add(window);
+        let (at, reason) = match due {
+            Due::Window => (by_window, Reason::Deadline),
+            // "By" is "at the latest": the window stays the longest any value waits.
+            Due::By(at) => (clock.since(at).min(by_window), Reason::Deadline),
+            Due::Now(reason) => (now, reason),
         };
         Some(match full && at > now {
-            true => Deadline::new(now, Why::FullKey),
-            false => Deadline::new(at, why),
+            true => Deadline::new(now, Reason::FullKey),
+            false => Deadline::new(at, reason),
         })
     }
 
-    fn is_due(deadline: &Deadline, now: Instant, config: &Config) -> bool {
-        deadline.at() <= config.nanos(now)
+    fn is_due(deadline: &Deadline, now: u64) -> bool {
+        deadline.at() != Deadline::NEVER && deadline.at() <= now
     }
 
-    fn why(deadline: &Deadline) -> Why {
-        deadline.why()
+    fn reason(deadline: &Deadline) -> Reason {
+        deadline.reason()
     }
 
-    fn deadline(deadline: &Deadline, config: &Config) -> Option<Instant> {
-        Some(config.epoch + Duration::from_nanos(deadline.at()))
+    fn deadline(deadline: &Deadline) -> Option<u64> {
+        (deadline.at() != Deadline::NEVER).then_some(deadline.at())
     }
 }
 
@@ -328,7 +334,7 @@ impl<W> Builder<W> {
 /// # }
 /// ```
 pub struct Sender<K, V> {
-    inner: chan::Sender<Timed, K, V>,
+    inner: chan::Tx<Deadlines, K, V>,
 }
 
 impl<K: Hash + Eq + Clone, V> Sender<K, V> {
@@ -368,8 +374,10 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
     /// Sends a value that wants its key due no later than `deadline`, waiting for room if
     /// the channel is bounded and full.
     ///
-    /// This is a latency budget for one value: the key is due at the earlier of its current
-    /// deadline and `deadline`. A deadline in the past makes the key due at once.
+    /// This is a latency budget for one value: "by" means "at the latest". The value's
+    /// deadline is the earlier of `deadline` and `window` after it enters the channel, so
+    /// the window stays the longest any value waits, and the key is due at the earliest of
+    /// its values' deadlines. A deadline in the past makes the key due at once.
     ///
     /// # Errors
     ///
@@ -393,6 +401,11 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
     /// tx.send("k", 1).await.unwrap();
     /// tx.send_by("k", 2, soon).await.unwrap();
     /// assert_eq!(rx.next_deadline(), Some(soon));
+    ///
+    /// // A deadline past the window does not hold a value back.
+    /// let (tx, rx) = timed::channel(Duration::from_secs(10));
+    /// tx.send_by("k", 1, Instant::now() + Duration::from_secs(60)).await.unwrap();
+    /// assert_eq!(rx.next_deadline(), Some(Instant::now() + Duration::from_secs(10)));
     /// # }
     /// ```
     pub async fn send_by(
@@ -462,12 +475,16 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
 
     /// Sends a value from a plain thread, blocking it while the channel is full.
     ///
-    /// Do not call this from async code: it blocks the executor's thread. It needs no
-    /// runtime.
+    /// It needs no runtime, and works on `spawn_blocking` threads.
     ///
     /// # Errors
     ///
     /// If the channel is closed, the key and value come back in the error.
+    ///
+    /// # Panics
+    ///
+    /// Panics if called from async code, on a thread that drives a tokio runtime's tasks:
+    /// blocking it there could stall the very tasks that would make room.
     ///
     /// # Examples
     ///
@@ -486,8 +503,47 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
         sent.map_err(|err| err.map(without_due))
     }
 
-    /// Whether the channel is closed: by [`Receiver::close`], or because every receiver is
-    /// gone. Sends then fail.
+    /// Makes `key` due at once, if it has pending values.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use keyed_batch::timed;
+    ///
+    /// let (tx, mut rx) = timed::channel(Duration::from_secs(60));
+    /// tx.try_send("a", 1).unwrap();
+    /// tx.try_send("b", 2).unwrap();
+    /// tx.flush(&"b");
+    /// assert_eq!(rx.try_recv(), Ok(vec![("b", vec![2])]));
+    /// ```
+    pub fn flush(&self, key: &K) {
+        self.inner.flush(Some(key), Due::Now(Reason::Flush));
+    }
+
+    /// Makes every pending key due at once. Keys that come later are not affected.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use keyed_batch::timed;
+    ///
+    /// let (tx, mut rx) = timed::channel(Duration::from_secs(60));
+    /// tx.try_send("a", 1).unwrap();
+    /// tx.try_send("b", 2).unwrap();
+    /// tx.flush_all();
+    /// assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1]), ("b", vec![2])]));
+    /// ```
+    pub fn flush_all(&self) {
+        self.inner.flush(None, Due::Now(Reason::Flush));
+    }
+}
+
+impl<K, V> Sender<K, V> {
+    /// Whether this sender can no longer send: the channel is closed (by
+    /// [`Receiver::close`], the last sender going, or every receiver going), or this handle
+    /// was closed as a `Sink` with `poll_close`. Sends then fail.
     ///
     /// # Examples
     ///
@@ -534,44 +590,6 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
     /// ```
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-}
-
-impl<K: Hash + Eq + Clone, V> Sender<K, V> {
-    /// Makes `key` due at once, if it has pending values.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use keyed_batch::timed;
-    ///
-    /// let (tx, mut rx) = timed::channel(Duration::from_secs(60));
-    /// tx.try_send("a", 1).unwrap();
-    /// tx.try_send("b", 2).unwrap();
-    /// tx.flush(&"b");
-    /// assert_eq!(rx.try_recv(), Ok(vec![("b", vec![2])]));
-    /// ```
-    pub fn flush(&self, key: &K) {
-        self.inner.flush(Some(key), Due::Now(Why::Flush));
-    }
-
-    /// Makes every pending key due at once. Keys that come later are not affected.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use keyed_batch::timed;
-    ///
-    /// let (tx, mut rx) = timed::channel(Duration::from_secs(60));
-    /// tx.try_send("a", 1).unwrap();
-    /// tx.try_send("b", 2).unwrap();
-    /// tx.flush_all();
-    /// assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1]), ("b", vec![2])]));
-    /// ```
-    pub fn flush_all(&self) {
-        self.inner.flush(None, Due::Now(Why::Flush));
     }
 
     /// Waits until the channel is closed for sending: every receiver is gone, or one called
@@ -640,18 +658,26 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
     }
 }
 
-/// Sends `(key, value)` pairs, so that `stream.map(..).forward(tx)` works.
+/// Sends `(key, value)` pairs, so that `stream.map(Ok).forward(tx)` works.
 ///
-/// `poll_ready` sends the value `start_send` took last, waiting for room as
-/// [`Sender::send`] does: it honours the capacity, weight and key limits without busy-looping.
-/// A value whose send fails comes back in the error.
+/// `start_send` takes a value, and `poll_ready` or `poll_flush` sends it, waiting for room as
+/// [`Sender::send`] does, without busy-looping. `poll_close` sends it too, then disconnects
+/// this handle: the handle stops counting as a sender (if it was the last one, the channel
+/// closes and the stream ends), and it refuses later sends.
+///
+/// # Errors
+///
+/// A value that cannot go in because the channel is closed, or this handle was closed,
+/// comes back in the error as `Some`. `poll_ready` on a closed channel with no value taken
+/// returns the error with `None`.
 ///
 /// # Cancel safety
 ///
 /// A value taken by `start_send` stays in this sender until a later `poll_ready`,
-/// `poll_flush` or `poll_close` sends it, and while it waits for room it keeps its place in
-/// the line of waiting senders, ahead of later ones. To give up on it (after a timeout, say),
-/// call [`Sender::abort_send`], or drop the sender.
+/// `poll_flush` or `poll_close` sends it. While it waits for room it holds no place in the
+/// line of waiting sends: it goes in once there is room and no `send` call is waiting, so a
+/// sink left unpolled (after a timeout, say) holds up no one. To take the value back, call
+/// [`Sender::abort_send`]; dropping the sender drops it.
 ///
 /// # Panics
 ///
@@ -675,10 +701,11 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
 /// # }
 /// ```
 impl<K: Hash + Eq + Clone, V> Sink<(K, V)> for Sender<K, V> {
-    type Error = SendError<(K, V)>;
+    type Error = SendError<Option<(K, V)>>;
 
     fn poll_ready(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.poll_flush(cx)
+        let ready = self.get_mut().inner.poll_ready(cx);
+        ready.map_err(|err| err.map(|item| item.map(without_due)))
     }
 
     fn start_send(self: Pin<&mut Self>, (key, value): (K, V)) -> Result<(), Self::Error> {
@@ -688,11 +715,12 @@ impl<K: Hash + Eq + Clone, V> Sink<(K, V)> for Sender<K, V> {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         let flushed = self.get_mut().inner.poll_flush(cx);
-        flushed.map_err(|err| err.map(without_due))
+        flushed.map_err(|err| err.map(|item| item.map(without_due)))
     }
 
     fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.poll_flush(cx)
+        let closed = self.get_mut().inner.poll_close(cx);
+        closed.map_err(|err| err.map(|item| item.map(without_due)))
     }
 }
 
@@ -718,11 +746,20 @@ impl<K, V> fmt::Debug for Sender<K, V> {
 ///
 /// It is a [`Stream`] of batches. Each batch holds due keys in deadline order (ties go to
 /// the key whose pending values started first), each with its values in the order they were
-/// sent. Clones share the work: each batch goes to exactly one of them. When the channel is
-/// closed, everything pending is due at once, and the stream ends once it is delivered.
+/// sent. When the channel is closed, everything pending is due at once, and the stream ends
+/// once it is delivered. The stream is fused: after it ended, it stays ended.
 ///
 /// Waiting for a deadline needs tokio's timer: poll a receiver inside a tokio runtime with
 /// time enabled. `try_recv` and `drain_now` work anywhere.
+///
+/// # Cloned receivers
+///
+/// Clones share the work: each batch goes to exactly one of them. Each waiting receiver
+/// sleeps on a timer of its own, and whatever may make a key due (its deadline, or a send,
+/// flush or close) wakes every waiting receiver: one takes the batch, and the others find
+/// nothing and sleep again. So with `n` receivers waiting, a batch costs up to `n` wakes,
+/// and a receiver that waits and is then not polled (a `next()` left behind in a
+/// `select!`, say) holds up no other: they are woken as if it were not there.
 ///
 /// # Examples
 ///
@@ -741,7 +778,7 @@ impl<K, V> fmt::Debug for Sender<K, V> {
 /// # }
 /// ```
 pub struct Receiver<K, V> {
-    inner: chan::Receiver<Timed, K, V>,
+    inner: chan::Rx<Deadlines, K, V>,
 }
 
 impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
@@ -750,13 +787,7 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     /// # Cancel safety
     ///
     /// This method is cancel safe: if it is dropped before it completes, no value has left
-    /// the channel. If this receiver was the one sleeping on the next deadline, another
-    /// waiting receiver takes over.
-    ///
-    /// Prefer it to `StreamExt::next` in `select!` when receivers are cloned: a dropped
-    /// `next()` future cannot give up the receiver's place among the waiters, and only the
-    /// first waiting receiver sleeps on the deadline, so until this receiver is polled again
-    /// or dropped, the others are not woken for deadlines at all.
+    /// the channel, and the receiver stops waiting (its timer is dropped).
     ///
     /// # Panics
     ///
@@ -786,9 +817,9 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     /// Returns `Poll::Pending` until a key is due, and `Poll::Ready(None)` once the channel is
     /// closed and drained. When pending, the waker in `cx` is woken when a key may be due.
     ///
-    /// A receiver that returned `Pending` keeps its place among the waiting receivers until it
-    /// is polled again or dropped; with cloned receivers, keep polling it (or drop it), or the
-    /// others are not woken for deadlines. The `Stream` impl works the same way.
+    /// A receiver that returned `Pending` stays registered, with its timer set, until it is
+    /// polled again or dropped; the `Stream` impl works the same way. Other clones do not
+    /// depend on it (see [Cloned receivers](Receiver#cloned-receivers)).
     ///
     /// # Panics
     ///
@@ -835,31 +866,6 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
         self.inner.try_recv()
     }
 
-    /// Closes the channel for sending, without dropping what is pending.
-    ///
-    /// Sends then fail and hand their value back. Every pending key becomes due at once, and
-    /// the stream ends once they are delivered. Waiting senders and receivers are woken.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use keyed_batch::timed;
-    ///
-    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-    /// # async fn main() {
-    /// let (tx, mut rx) = timed::channel(Duration::from_secs(3600));
-    /// tx.send("k", 1).await.unwrap();
-    /// rx.close();
-    /// assert!(tx.send("k", 2).await.is_err());
-    /// assert_eq!(rx.recv().await, Some(vec![("k", vec![1])])); // no hour-long wait
-    /// assert_eq!(rx.recv().await, None);
-    /// # }
-    /// ```
-    pub fn close(&self) {
-        self.inner.close()
-    }
-
     /// Hands back values whose delivery failed, so they are delivered again.
     ///
     /// The values go in front of any newer values of the key, and the key is due at once. A
@@ -888,8 +894,83 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     /// # }
     /// ```
     pub fn requeue(&self, key: K, values: Vec<V>) -> Result<(), SendError<(K, Vec<V>)>> {
-        let requeued = self.inner.requeue(Due::Now(Why::Due), key, values);
+        let requeued = self.inner.requeue(Due::Now(Reason::Deadline), key, values);
         requeued.map_err(|err| err.map(without_due))
+    }
+
+    /// When the next batch is due: the earliest deadline among pending keys, or, once the
+    /// channel is closed, the time it closed, since everything is then due at once.
+    ///
+    /// `None` when nothing is pending, or when no pending key has a deadline it can reach:
+    /// a deadline too far off to represent (about 146 years) waits for a flush or a close.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use keyed_batch::timed;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let (tx, rx) = timed::channel(Duration::from_secs(1));
+    /// assert_eq!(rx.next_deadline(), None);
+    /// tx.send("a", 1).await.unwrap();
+    /// assert_eq!(rx.next_deadline(), Some(Instant::now() + Duration::from_secs(1)));
+    /// rx.close();
+    /// assert_eq!(rx.next_deadline(), Some(Instant::now()));
+    /// # }
+    /// ```
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.inner.next_deadline()
+    }
+
+    /// Takes everything pending now, deadlines ignored, as batches split by the caps.
+    ///
+    /// It is for shutdown paths that cannot wait. The channel stays open.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use keyed_batch::timed;
+    ///
+    /// let (tx, mut rx) = timed::Builder::new(Duration::from_secs(60)).max_batch(2).build();
+    /// for v in 0..3 {
+    ///     tx.try_send("k", v).unwrap();
+    /// }
+    /// assert_eq!(rx.drain_now(), vec![vec![("k", vec![0, 1])], vec![("k", vec![2])]]);
+    /// assert!(rx.is_empty());
+    /// ```
+    pub fn drain_now(&mut self) -> Vec<Batch<K, V>> {
+        self.inner.drain_now()
+    }
+}
+
+impl<K, V> Receiver<K, V> {
+    /// Closes the channel for sending, without dropping what is pending.
+    ///
+    /// Sends then fail and hand their value back. Every pending key becomes due at once, and
+    /// the stream ends once they are delivered. Waiting senders and receivers are woken.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use keyed_batch::timed;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let (tx, mut rx) = timed::channel(Duration::from_secs(3600));
+    /// tx.send("k", 1).await.unwrap();
+    /// rx.close();
+    /// assert!(tx.send("k", 2).await.is_err());
+    /// assert_eq!(rx.recv().await, Some(vec![("k", vec![1])])); // no hour-long wait
+    /// assert_eq!(rx.recv().await, None);
+    /// # }
+    /// ```
+    pub fn close(&self) {
+        self.inner.close()
     }
 
     /// Pending values, over all keys.
@@ -944,27 +1025,6 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
         self.len() == 0
     }
 
-    /// The earliest deadline among pending keys: when the next batch is due.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tokio::time::Instant;
-    /// use keyed_batch::timed;
-    ///
-    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-    /// # async fn main() {
-    /// let (tx, rx) = timed::channel(Duration::from_secs(1));
-    /// assert_eq!(rx.next_deadline(), None);
-    /// tx.send("a", 1).await.unwrap();
-    /// assert_eq!(rx.next_deadline(), Some(Instant::now() + Duration::from_secs(1)));
-    /// # }
-    /// ```
-    pub fn next_deadline(&self) -> Option<Instant> {
-        self.inner.next_deadline()
-    }
-
     /// Whether the channel is closed for sending.
     ///
     /// # Examples
@@ -979,29 +1039,6 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     /// ```
     pub fn is_closed(&self) -> bool {
         self.inner.is_closed()
-    }
-}
-
-impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
-    /// Takes everything pending now, deadlines ignored, as batches split by the caps.
-    ///
-    /// It is for shutdown paths that cannot wait. The channel stays open.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use keyed_batch::timed;
-    ///
-    /// let (tx, mut rx) = timed::Builder::new(Duration::from_secs(60)).max_batch(2).build();
-    /// for v in 0..3 {
-    ///     tx.try_send("k", v).unwrap();
-    /// }
-    /// assert_eq!(rx.drain_now(), vec![vec![("k", vec![0, 1])], vec![("k", vec![2])]]);
-    /// assert!(rx.is_empty());
-    /// ```
-    pub fn drain_now(&mut self) -> Vec<Batch<K, V>> {
-        self.inner.drain_now()
     }
 
     /// A snapshot of the channel's state and totals.
@@ -1029,6 +1066,14 @@ impl<K: Hash + Eq + Clone, V> Stream for Receiver<K, V> {
     }
 }
 
+/// The stream is terminated once this receiver has returned `None`: the channel is closed
+/// and drained, and stays so.
+impl<K: Hash + Eq + Clone, V> FusedStream for Receiver<K, V> {
+    fn is_terminated(&self) -> bool {
+        self.inner.is_terminated()
+    }
+}
+
 impl<K, V> Clone for Receiver<K, V> {
     fn clone(&self) -> Self {
         Receiver {
@@ -1049,15 +1094,23 @@ mod tests {
 
     #[test]
     fn deadline_packs_time_and_reason() {
-        for why in [Why::Due, Why::FullKey, Why::Flush] {
-            let d = Deadline::new(123_456_789, why);
-            assert_eq!((d.at(), d.why()), (123_456_789, why));
+        for reason in [Reason::Deadline, Reason::FullKey, Reason::Flush] {
+            let d = Deadline::new(123_456_789, reason);
+            assert_eq!((d.at(), d.reason()), (123_456_789, reason));
         }
         // Only the time orders deadlines; the reason rides along.
-        assert_eq!(Deadline::new(5, Why::Flush), Deadline::new(5, Why::Due));
-        assert!(Deadline::new(4, Why::Flush) < Deadline::new(5, Why::Due));
-        // Times past the 62 bits saturate instead of spilling into the reason.
-        let far = Deadline::new(u64::MAX, Why::Due);
-        assert_eq!((far.at(), far.why()), (Deadline::AT, Why::Due));
+        assert_eq!(
+            Deadline::new(5, Reason::Flush),
+            Deadline::new(5, Reason::Deadline)
+        );
+        assert!(Deadline::new(4, Reason::Flush) < Deadline::new(5, Reason::Deadline));
+        // Times past the 62 bits saturate to never, instead of spilling into the reason.
+        let far = Deadline::new(u64::MAX, Reason::Deadline);
+        assert_eq!(
+            (far.at(), far.reason()),
+            (Deadline::NEVER, Reason::Deadline)
+        );
+        assert!(!Deadlines::is_due(&far, u64::MAX));
+        assert_eq!(Deadlines::deadline(&far), None);
     }
 }

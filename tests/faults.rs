@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use keyed_batch::error::{SendError, TryRecvError, TrySendError};
-use keyed_batch::queue::SortedQueue;
+use keyed_batch::queue::{Capacity, SortedQueue};
 use keyed_batch::{ordered, timed, Batch};
 use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
 use tokio::time::{advance, Instant};
@@ -305,7 +305,8 @@ async fn ord_panic_in_recv_hands_over() {
 }
 
 /// A key whose `Clone` panics when a batch has to split it: the split panics, and the
-/// key's values and every other key are intact and come out afterwards, split as before.
+/// key's values and every other key are intact. The key is not split again: it goes out
+/// whole, in a batch of its own, and the keys behind it follow.
 #[test]
 fn clone_panic_on_split_loses_nothing() {
     let (tx, mut rx) = ordered::Builder::new()
@@ -318,12 +319,77 @@ fn clone_panic_on_split_loses_nothing() {
     arm(7);
     assert!(panics(|| rx.try_recv()));
     assert_eq!(rx.len(), 4);
+    assert_eq!(rx.stats().delivered_by.due, 0, "a panic delivers nothing");
     disarm();
-    assert_eq!(rx.try_recv(), Ok(vec![(CloneBomb(7), vec![1, 2])]));
+    assert_eq!(rx.try_recv(), Ok(vec![(CloneBomb(7), vec![1, 2, 3])]));
+    assert_eq!(rx.try_recv(), Ok(vec![(CloneBomb(8), vec![4])]));
+    assert_eq!(rx.stats().delivered_by.due, 2);
+}
+
+/// A key whose `Clone` always panics, split by `max_batch`, used to wedge the channel: every
+/// later receive panicked, even after `close`, and each panic counted a delivery. Now only
+/// the first call panics; the key goes out whole and alone, and the other keys follow.
+#[test]
+fn clone_that_always_panics_does_not_wedge_the_channel() {
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO)
+        .max_batch(2)
+        .build::<CloneBomb, u32>();
+    for v in 0..5 {
+        tx.try_send(CloneBomb(7), v).unwrap();
+    }
+    tx.try_send(CloneBomb(8), 10).unwrap();
+    tx.try_send(CloneBomb(9), 20).unwrap();
+    arm(7);
+    assert!(panics(|| rx.try_recv()));
+    assert_eq!(rx.stats().delivered, 0);
+    assert_eq!(rx.stats().delivered_by.due, 0);
+    assert_eq!(rx.try_recv(), Ok(vec![(CloneBomb(7), vec![0, 1, 2, 3, 4])]));
     assert_eq!(
         rx.try_recv(),
-        Ok(vec![(CloneBomb(7), vec![3]), (CloneBomb(8), vec![4])])
+        Ok(vec![(CloneBomb(8), vec![10]), (CloneBomb(9), vec![20])])
     );
+    rx.close();
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Disconnected));
+    disarm();
+    let stats = rx.stats();
+    assert_eq!(
+        (stats.delivered, stats.batches, stats.delivered_by.due),
+        (7, 2, 3)
+    );
+}
+
+/// The same key with `drain_now` and `recv`: only the call that split it panics.
+#[tokio::test(start_paused = true)]
+async fn clone_panic_then_drain_and_recv_make_progress() {
+    let (tx, mut rx) = timed::Builder::new(Duration::from_secs(60))
+        .max_batch(1)
+        .build::<CloneBomb, u32>();
+    tx.try_send(CloneBomb(7), 1).unwrap();
+    tx.try_send(CloneBomb(7), 2).unwrap();
+    tx.try_send(CloneBomb(8), 3).unwrap();
+    arm(7);
+    assert!(panics(|| rx.drain_now()));
+    assert_eq!(
+        rx.drain_now(),
+        vec![
+            vec![(CloneBomb(7), vec![1, 2])],
+            vec![(CloneBomb(8), vec![3])]
+        ]
+    );
+    tx.try_send(CloneBomb(7), 4).unwrap();
+    tx.try_send(CloneBomb(7), 5).unwrap();
+    drop(tx);
+    // A new run of the key: splitting is tried again, panics once, then it goes whole.
+    let recv = tokio::spawn(async move {
+        let first = std::panic::AssertUnwindSafe(rx.recv());
+        let first = futures::FutureExt::catch_unwind(first).await;
+        (first.is_err(), rx.recv().await, rx.recv().await)
+    });
+    let (panicked, whole, end) = recv.await.unwrap();
+    disarm();
+    assert!(panicked);
+    assert_eq!(whole, Some(vec![(CloneBomb(7), vec![4, 5])]));
+    assert_eq!(end, None);
 }
 
 // ===== counted drops =====
@@ -876,9 +942,9 @@ fn memory_falls_back_after_a_million_keys() {
     for key in 0..KEYS {
         q.push(key, 0, key);
     }
-    assert!(q.capacity().0 >= KEYS as usize);
+    assert!(q.capacity().keys >= KEYS as usize);
     while !q.pop_batch(10_000, |_| true).is_empty() {}
-    let (keys, index) = q.capacity();
+    let Capacity { keys, index, .. } = q.capacity();
     assert!(
         keys <= 128 && index <= 128,
         "capacity after drain: {keys}, {index}"
@@ -893,7 +959,7 @@ fn memory_falls_back_after_a_million_keys() {
             q.push(key, 0, (i * 7_919) % wave);
         }
         while !q.pop_batch(5_000, |_| true).is_empty() {}
-        let (keys, index) = q.capacity();
+        let Capacity { keys, index, .. } = q.capacity();
         assert!(
             keys <= 128 && index <= 128,
             "capacity after wave {n}: {keys}, {index}"

@@ -24,11 +24,11 @@ use std::task::Poll;
 use std::time::Duration;
 
 use futures::future::LocalBoxFuture;
-use proptest::prelude::*;
-use proptest::test_runner::Config as ProptestConfig;
 use keyed_batch::error::{SendError, TryRecvError, TrySendError};
 use keyed_batch::queue::SortedQueue;
 use keyed_batch::{builder, ordered, timed, Batch};
+use proptest::prelude::*;
+use proptest::test_runner::Config as ProptestConfig;
 use tokio::time::Instant;
 use tokio_test::task::{spawn, Spawn};
 
@@ -646,11 +646,13 @@ trait Flavour {
     fn rx_state(rx: &Self::Rx) -> (usize, usize, bool);
     /// `len` and `is_closed` of a sender.
     fn tx_state(tx: &Self::Tx) -> (usize, bool);
-    /// The receiver's `next_deadline`, and what the model says it is.
+    /// The receiver's `next_deadline`, and what the model says it is, given the front rank
+    /// and when the channel closed.
     fn deadlines(
         &self,
         rx: &Self::Rx,
         front: Option<Self::Rank>,
+        closed_at: Option<u64>,
     ) -> (Option<Instant>, Option<Instant>);
 }
 
@@ -706,7 +708,8 @@ impl Flavour for Timed {
     fn rank(&self, due: Due, now: u64, key_len: usize, key_weight: usize, limits: &Limits) -> u64 {
         let deadline = match due {
             Due::Window => now + self.window,
-            Due::By(at) => at,
+            // "By" is "at the latest": never later than the window.
+            Due::By(at) => at.min(now + self.window),
         };
         match key_len >= limits.per_key() || key_weight >= limits.key_weight() {
             true => deadline.min(now),
@@ -788,8 +791,15 @@ impl Flavour for Timed {
         (tx.len(), tx.is_closed())
     }
 
-    fn deadlines(&self, rx: &Self::Rx, front: Option<u64>) -> (Option<Instant>, Option<Instant>) {
-        (rx.next_deadline(), front.map(|ms| self.at(ms)))
+    fn deadlines(
+        &self,
+        rx: &Self::Rx,
+        front: Option<u64>,
+        closed_at: Option<u64>,
+    ) -> (Option<Instant>, Option<Instant>) {
+        // Once closed, everything is due: at the latest when it closed.
+        let due = front.map(|ms| closed_at.map_or(ms, |closed| ms.min(closed)));
+        (rx.next_deadline(), due.map(|ms| self.at(ms)))
     }
 }
 
@@ -889,7 +899,12 @@ impl Flavour for Ordered {
         (tx.len(), tx.is_closed())
     }
 
-    fn deadlines(&self, _: &Self::Rx, _: Option<u8>) -> (Option<Instant>, Option<Instant>) {
+    fn deadlines(
+        &self,
+        _: &Self::Rx,
+        _: Option<u8>,
+        _: Option<u64>,
+    ) -> (Option<Instant>, Option<Instant>) {
         (None, None)
     }
 }
@@ -912,6 +927,8 @@ struct WaitingSend<F: Flavour> {
     line: Line,
     /// When it joined its line: the smallest ticket in a line is first.
     ticket: u64,
+    /// When it was sent: values of a key go in in this order.
+    sent: u64,
 }
 
 /// A receiver and its `recv` future, if one is waiting.
@@ -929,6 +946,8 @@ struct Harness<F: Flavour> {
     base: Instant,
     model: Model<F::Rank>,
     closed: bool,
+    /// When it closed, in milliseconds since the case began.
+    closed_at: Option<u64>,
     /// A receiver has seen the end of the stream.
     terminated: bool,
     /// Live `Sender` values: the handles in `txs`, plus the clone inside each waiting send.
@@ -955,6 +974,7 @@ impl<F: Flavour> Harness<F> {
             base: Instant::now(),
             model: Model::new(limits.weights),
             closed: false,
+            closed_at: None,
             terminated: false,
             senders: 1,
             txs: vec![tx],
@@ -991,11 +1011,19 @@ impl<F: Flavour> Harness<F> {
         });
     }
 
+    /// The channel closes now, if it is open.
+    fn close_now(&mut self) {
+        if !self.closed {
+            self.closed = true;
+            self.closed_at = Some(self.now);
+        }
+    }
+
     /// A `Sender` value was dropped.
     fn sender_gone(&mut self) {
         self.senders -= 1;
         if self.senders == 0 {
-            self.closed = true;
+            self.close_now();
         }
     }
 
@@ -1026,8 +1054,10 @@ impl<F: Flavour> Harness<F> {
     /// - Room: fewer than `capacity` values are pending; nothing is pending or the value
     ///   keeps the pending weight at or under `max_weight`; and no earlier send waits for
     ///   room. A send already in the key line had its turn for room, and waits there.
-    /// - Then a key slot: the key is pending, or fewer than `max_keys` keys are, and no
-    ///   earlier send waits for a key slot.
+    /// - Then, with `max_keys` set, a key slot: for a pending key, no earlier send of the
+    ///   same key waits in the key line (values of a key go in in the order they were sent);
+    ///   for a new key, fewer than `max_keys` keys are pending and no earlier send waits
+    ///   in the key line.
     fn admit(&self, at: Option<usize>, key: K, value: V) -> Result<(), Line> {
         let my_turn = |line: Line| {
             let first = (0..self.sends.len())
@@ -1046,11 +1076,22 @@ impl<F: Flavour> Harness<F> {
         if !in_key_line && (!room || !my_turn(Line::Room)) {
             return Err(Line::Room);
         }
-        let slot = model.is_pending(key) || model.key_count() < limits.max_keys();
-        if !slot || (!model.is_pending(key) && !my_turn(Line::Key)) {
-            return Err(Line::Key);
+        if limits.max_keys() == usize::MAX {
+            return Ok(());
         }
-        Ok(())
+        let mine = at.map_or(u64::MAX, |i| self.sends[i].sent);
+        let earlier_same_key = self
+            .sends
+            .iter()
+            .any(|s| s.line == Line::Key && s.key == key && s.sent < mine);
+        let turn = match model.is_pending(key) {
+            true => !earlier_same_key,
+            false => model.key_count() < limits.max_keys() && my_turn(Line::Key),
+        };
+        match turn {
+            true => Ok(()),
+            false => Err(Line::Key),
+        }
     }
 
     /// What the waiting send at `at` gets when polled now: `Err(line)` if it must wait in
@@ -1124,6 +1165,7 @@ impl<F: Flavour> Harness<F> {
                             value,
                             line,
                             ticket: self.tickets,
+                            sent: self.tickets,
                         });
                     }
                     _ => self.sender_gone(),
@@ -1190,7 +1232,7 @@ impl<F: Flavour> Harness<F> {
             Op::Close(ix) => {
                 let Some(at) = self.idle_rx(ix) else { return };
                 F::close(&self.rxs[at].rx.borrow());
-                self.closed = true;
+                self.close_now();
             }
             Op::CloneTx(ix) => {
                 if self.txs.is_empty() {
@@ -1225,7 +1267,7 @@ impl<F: Flavour> Harness<F> {
                 drop(slot.rx);
                 if self.rxs.is_empty() {
                     // No one can receive: sends fail, and what was pending is dropped.
-                    self.closed = true;
+                    self.close_now();
                     self.model.entries.clear();
                 }
             }
@@ -1348,7 +1390,8 @@ impl<F: Flavour> Harness<F> {
                 want,
                 "step {step}: receiver len, key_count, is_closed"
             );
-            let (got, want) = self.fl.deadlines(&rx, self.model.front_rank());
+            let front = self.model.front_rank();
+            let (got, want) = self.fl.deadlines(&rx, front, self.closed_at);
             assert_eq!(got, want, "step {step}: next_deadline");
         }
     }
@@ -1364,7 +1407,7 @@ impl<F: Flavour> Harness<F> {
             return;
         };
         F::close(&slot.rx.borrow());
-        self.closed = true;
+        self.close_now();
         self.settle();
         assert!(self.sends.is_empty(), "waiting sends outlived the close");
         loop {

@@ -122,14 +122,15 @@ async fn forward_into_bounded_channel_ordered() {
     assert_eq!(per_key(batches), want);
 }
 
-/// `forward` into a channel whose receivers are gone fails with the first refused item.
+/// `forward` into a closed channel fails at once: `poll_ready` refuses, with no value.
 #[tokio::test(start_paused = true)]
 async fn forward_into_closed_channel_hands_value_back() {
     let (tx, rx) = timed::channel::<&str, i32>(WINDOW);
     drop(rx);
     let items = vec![("a", 1), ("b", 2)];
+    // `poll_ready` refuses before any value is handed over.
     let err = stream::iter(items).map(Ok).forward(tx).await.unwrap_err();
-    assert_eq!(err, SendError(("a", 1)));
+    assert_eq!(err, SendError(None));
 
     let (tx, rx) = ordered::channel::<u8, &str, i32>();
     rx.close();
@@ -138,7 +139,7 @@ async fn forward_into_closed_channel_hands_value_back() {
         .forward(tx)
         .await
         .unwrap_err();
-    assert_eq!(err.into_inner(), (1, "a", 1));
+    assert_eq!(err.into_inner(), None);
 }
 
 // ===== poll_ready =====
@@ -224,10 +225,10 @@ async fn poll_ready_honours_max_keys() {
     assert_eq!(rx.try_recv(), Ok(vec![("b", vec![2])]));
 }
 
-/// A sender dropped while its buffered value waits gives up its place: the next waiting
-/// send gets the room.
+/// A sink waiting for room holds no place in line: when room comes back, a waiting `send`
+/// goes first, and the sink is woken once no send waits.
 #[tokio::test(start_paused = true)]
-async fn dropped_sink_passes_turn() {
+async fn waiting_sink_holds_no_place_in_line() {
     let (tx, mut rx) = timed::Builder::new(Duration::ZERO).capacity(1).build();
     tx.try_send("a", 1).unwrap();
     let tx2 = tx.clone();
@@ -237,12 +238,13 @@ async fn dropped_sink_passes_turn() {
     let mut send = task::spawn(tx2.send("c", 3));
     assert_pending!(send.poll());
     assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1])]));
-    assert!(sink.is_woken());
-    assert!(!send.is_woken());
-    drop(sink);
     assert!(send.is_woken());
+    assert_pending!(ready(&mut sink));
     assert_ready_ok!(send.poll());
     assert_eq!(rx.try_recv(), Ok(vec![("c", vec![3])]));
+    assert!(sink.is_woken());
+    assert_ready_ok!(ready(&mut sink));
+    assert_eq!(rx.try_recv(), Ok(vec![("b", vec![2])]));
 }
 
 // ===== values handed back =====
@@ -258,7 +260,7 @@ async fn buffered_value_comes_back_on_close_timed() {
     assert_pending!(ready(&mut sink));
     rx.close();
     assert!(sink.is_woken());
-    assert_ready_eq!(ready(&mut sink), Err(SendError(("b", 2))));
+    assert_ready_eq!(ready(&mut sink), Err(SendError(Some(("b", 2)))));
 }
 
 /// A buffered value waiting for room comes back in the error when every receiver is gone
@@ -272,7 +274,7 @@ async fn buffered_value_comes_back_on_drop_ordered() {
     assert_pending!(flush(&mut sink));
     drop(rx);
     assert!(sink.is_woken());
-    assert_ready_eq!(flush(&mut sink), Err(SendError((0, "b", 2))));
+    assert_ready_eq!(flush(&mut sink), Err(SendError(Some((0, "b", 2)))));
 }
 
 /// A value buffered on an already closed channel comes back from the next flush or close.
@@ -283,13 +285,13 @@ async fn buffered_value_comes_back_on_closed_channel() {
     let mut sink = task::spawn(tx);
     start(&mut sink, ("a", 1)).unwrap();
     let closed = sink.enter(|cx, sink| sink.poll_close(cx));
-    assert_ready_eq!(closed, Err(SendError(("a", 1))));
+    assert_ready_eq!(closed, Err(SendError(Some(("a", 1)))));
 
     let (tx, rx) = ordered::channel();
     rx.close();
     let mut sink = task::spawn(tx);
     start(&mut sink, (1, "a", 1)).unwrap();
-    assert_ready_eq!(flush(&mut sink), Err(SendError((1, "a", 1))));
+    assert_ready_eq!(flush(&mut sink), Err(SendError(Some((1, "a", 1)))));
 }
 
 // ===== closed =====
@@ -378,10 +380,33 @@ async fn closed_ignores_other_senders() {
     assert!(!tx.is_closed());
 }
 
-/// A `Sink` send given up on (here, by a timeout) keeps its value and its place in line, ahead
-/// of later senders, until `abort_send` takes the value back.
+/// A `Sink` send given up on (here, by a timeout) keeps its value, but holds up no one:
+/// other handles' `try_send` and this handle's own `send` go in once there is room, and
+/// `abort_send` takes the value back. (It used to keep first place in line for ever.)
 #[tokio::test(start_paused = true)]
-async fn abort_send_gives_up_the_place_in_line() {
+async fn abandoned_sink_send_holds_up_no_one() {
+    let (mut tx, mut rx) = timed::Builder::new(Duration::from_secs(1))
+        .capacity(2)
+        .build();
+    let tx2 = tx.clone();
+    tx.try_send("a", 1).unwrap();
+    tx.try_send("a", 2).unwrap();
+    let sent = tokio::time::timeout(Duration::from_millis(10), SinkExt::send(&mut tx, ("b", 3)));
+    assert!(sent.await.is_err());
+    assert_eq!(rx.drain_now(), vec![vec![("a", vec![1, 2])]]);
+    tx2.try_send("c", 4).unwrap();
+    let own = tokio::time::timeout(Duration::from_millis(10), tx.send("d", 5));
+    own.await
+        .expect("the handle's own send is not stuck")
+        .unwrap();
+    assert_eq!(tx.abort_send(), Some(("b", 3)));
+    assert_eq!(tx.abort_send(), None);
+    assert_eq!(rx.drain_now(), vec![vec![("c", vec![4]), ("d", vec![5])]]);
+}
+
+/// Even with room for one value, an abandoned sink send lets the others through.
+#[tokio::test(start_paused = true)]
+async fn abandoned_sink_send_at_capacity_one() {
     let (mut tx, mut rx) = timed::Builder::new(Duration::from_secs(1))
         .capacity(1)
         .build();
@@ -390,9 +415,14 @@ async fn abort_send_gives_up_the_place_in_line() {
     let sent = tokio::time::timeout(Duration::from_millis(10), SinkExt::send(&mut tx, ("b", 2)));
     assert!(sent.await.is_err());
     assert_eq!(rx.drain_now(), vec![vec![("a", vec![1])]]);
-    assert!(tx2.try_send("c", 3).unwrap_err().is_full());
-    assert_eq!(tx.abort_send(), Some(("b", 2)));
-    assert_eq!(tx.abort_send(), None);
     tx2.try_send("c", 3).unwrap();
     assert_eq!(rx.drain_now(), vec![vec![("c", vec![3])]]);
+    let own = tokio::time::timeout(Duration::from_millis(10), tx.send("d", 4));
+    own.await
+        .expect("the handle's own send is not stuck")
+        .unwrap();
+    // The buffered value goes in on the sink's next flush, once there is room.
+    assert_eq!(rx.drain_now(), vec![vec![("d", vec![4])]]);
+    SinkExt::flush(&mut tx).await.unwrap();
+    assert_eq!(rx.drain_now(), vec![vec![("b", vec![2])]]);
 }

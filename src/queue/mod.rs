@@ -1,0 +1,897 @@
+//! The sorted keyed queue: the synchronous core that every channel flavour wraps.
+//!
+//! A [`SortedQueue`] holds pending values grouped by key. Each key has a *rank* (a deadline,
+//! a priority, anything `Ord`), which is the smallest rank among its pending values. Batches
+//! come out in rank order; ties go to the key whose current pending run started first.
+//!
+//! Each value has a *weight*, 1 unless given ([`push_with`](SortedQueue::push_with)), so
+//! that batches can be capped by weight as well as by count.
+//!
+//! The queue knows nothing about time, locks or wakers. The async channels in this crate are
+//! a thin layer over it, and it is useful on its own wherever a synchronous keyed batcher will
+//! do.
+//!
+//! # Examples
+//!
+//! ```
+//! use keyed_batch::queue::SortedQueue;
+//!
+//! let mut q = SortedQueue::new();
+//! q.push("b", 1, 20);
+//! q.push("a", 2, 10);
+//! q.push("b", 3, 30); // "b" keeps rank 20: the smallest of its values
+//!
+//! // Take everything ranked at or below 20, at most 10 values.
+//! let batch = q.pop_batch(10, |rank| *rank <= 20);
+//! assert_eq!(batch, vec![("a", vec![2]), ("b", vec![1, 3])]);
+//! assert!(q.is_empty());
+//! ```
+//!
+//! # Cost
+//!
+//! A push whose `(rank, arrival)` is not smaller than the last one pushed is O(1): the index
+//! is then a FIFO, as it is for a channel whose values all get `now + window`. Other pushes,
+//! and rank changes, cost O(log n) in a binary heap. A key holds a constant-sized slot plus its
+//! values (and their weights, once one differs from 1); there is no index entry per value.
+//!
+//! # Panics in user code
+//!
+//! `Hash` and `Eq` of `K` run only while a value goes in (or a key is promoted), before the
+//! queue changes; the queue stores each key's hash and never calls them while taking batches
+//! or growing. `Ord` and `Clone` of `R`, and `Clone` of `K`, run before the data they guard
+//! moves. If any of them panics, the call panics and the queue stays whole: no other key's
+//! values are lost.
+//!
+//! Splitting a key (when it does not fit in a batch) clones it. If that `Clone` panics, the
+//! key is not split again: from then on its values go out together, in a batch of their
+//! own, even past the caps, so that the keys behind it are not stuck.
+
+use std::fmt;
+use std::hash::{BuildHasher, Hash};
+use std::panic::{self, AssertUnwindSafe};
+
+use hashbrown::hash_table::Entry;
+use hashbrown::{DefaultHashBuilder, HashTable};
+
+use self::index::{Index, Ticket};
+pub(crate) use self::slot::Items;
+use self::slot::Slot;
+
+mod index;
+mod slot;
+#[cfg(test)]
+mod tests;
+
+/// Index sizes below this are never compacted: too small to matter.
+const SMALL: usize = 64;
+
+/// Tables and indexes at or below this capacity are never shrunk. A busy channel drains and
+/// refills all the time; giving back its last few thousand slots each time only to grow them
+/// again cost a fifth of the time per value in the benchmarks.
+const SHRINK_ABOVE: usize = 4096;
+
+/// A keyed queue whose keys come out in rank order, each with all of its pending values.
+///
+/// `R` is the rank (smaller comes first), `K` the key and `V` the value. See the
+/// [module documentation](self) for the rules and costs.
+pub struct SortedQueue<R, K, V> {
+    /// One slot per pending key. The table stores each key's hash, so lookups by ticket and
+    /// resizes never call `K`'s `Hash` or `Eq`.
+    slots: HashTable<Slot<R, K, V>>,
+    hasher: DefaultHashBuilder,
+    index: Index<R>,
+    /// Pending values, over all keys.
+    values: usize,
+    /// Their total weight.
+    weight: usize,
+    /// Source of arrival sequence numbers and ticket ids.
+    next_id: u64,
+    /// Runs whose key's `Clone` panicked while being split: they go out whole.
+    unsplittable: Vec<Run>,
+}
+
+/// How much a [`SortedQueue`] holds without allocating: see [`SortedQueue::capacity`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capacity {
+    /// Pending keys the table has room for.
+    pub keys: usize,
+    /// Entries the rank index has room for.
+    pub index: usize,
+}
+
+/// One key's share of a batch, planned before any value moves.
+struct Share<K> {
+    /// Where the slot sits in the table.
+    bucket: usize,
+    id: u64,
+    count: usize,
+    weight: usize,
+    /// A copy of the key when only part of its values go: the slot keeps the original.
+    split: Option<K>,
+}
+
+/// A key's current run of pending values, to tell later whether it is still pending.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Run {
+    pub(crate) hash: u64,
+    seq: u64,
+}
+
+/// What an insert did, and what it did not keep.
+pub(crate) struct Inserted<R, K> {
+    /// The key now stands first: the smallest rank moved down, or the queue was empty.
+    pub(crate) leads: bool,
+    /// The key was not pending before: a new run started.
+    pub(crate) new_run: Option<Run>,
+    /// The key passed in, when the key was pending already: the slot keeps its own.
+    pub(crate) spare_key: Option<K>,
+    /// A rank that did not lower the key's.
+    pub(crate) spare_rank: Option<R>,
+}
+
+impl<R, K, V> SortedQueue<R, K, V> {
+    /// Pending values, over all keys.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::queue::SortedQueue;
+    ///
+    /// let mut q = SortedQueue::new();
+    /// q.push("a", 1, 0);
+    /// q.push("a", 2, 0);
+    /// q.push("b", 3, 0);
+    /// assert_eq!(q.len(), 3);
+    /// assert_eq!(q.key_count(), 2);
+    /// ```
+    pub fn len(&self) -> usize {
+        self.values
+    }
+
+    /// The total weight of the pending values: their count, unless weights were given.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::queue::SortedQueue;
+    ///
+    /// let mut q = SortedQueue::new();
+    /// q.push("a", "xyz", 0);
+    /// q.push_with("a", "long value", 10, |_, _| 0);
+    /// assert_eq!(q.len(), 2);
+    /// assert_eq!(q.weight(), 11);
+    /// ```
+    pub fn weight(&self) -> usize {
+        self.weight
+    }
+
+    /// Pending keys: keys with at least one pending value.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::queue::SortedQueue;
+    ///
+    /// let mut q = SortedQueue::new();
+    /// q.push("a", 1, 0);
+    /// q.push("a", 2, 0);
+    /// assert_eq!(q.key_count(), 1);
+    /// ```
+    pub fn key_count(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether no value is pending.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::queue::SortedQueue;
+    ///
+    /// let mut q = SortedQueue::new();
+    /// assert!(q.is_empty());
+    /// q.push("a", 1, 0);
+    /// assert!(!q.is_empty());
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.values == 0
+    }
+
+    /// How many keys the queue can hold without allocating, and how many index entries.
+    ///
+    /// Both fall back after the keys drain: the queue shrinks its table and its index once
+    /// they are mostly empty, so a burst of distinct keys does not pin memory for good.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::queue::SortedQueue;
+    ///
+    /// let mut q = SortedQueue::new();
+    /// for key in 0..100_000 {
+    ///     q.push(key, (), 0);
+    /// }
+    /// assert!(q.capacity().keys >= 100_000);
+    /// while !q.pop_batch(1_000, |_| true).is_empty() {}
+    /// assert!(q.capacity().keys < 10_000);
+    /// ```
+    pub fn capacity(&self) -> Capacity {
+        Capacity {
+            keys: self.slots.capacity(),
+            index: self.index.capacity(),
+        }
+    }
+
+    /// The hasher that [`insert`](Self::insert) expects hashes from: a channel hashes keys
+    /// with a copy of it before taking its lock.
+    pub(crate) fn hasher(&self) -> &DefaultHashBuilder {
+        &self.hasher
+    }
+
+    /// Whether `run` is still the key's current run of pending values.
+    pub(crate) fn is_pending(&self, run: Run) -> bool {
+        self.slots.find(run.hash, |s| s.seq == run.seq).is_some()
+    }
+
+    /// Keeps the ranks the queue drops (stale index entries, replaced and delivered
+    /// ranks) for [`take_trash`](Self::take_trash), instead of dropping them in place.
+    pub(crate) fn defer_drops(&mut self) {
+        self.index.defer_drops();
+    }
+
+    /// The ranks kept since the last call, when drops are deferred.
+    pub(crate) fn take_trash(&mut self) -> Vec<R> {
+        self.index.take_trash()
+    }
+
+    /// Empties the queue and returns its keys and values as they were, to be dropped later:
+    /// the channel drops them outside its lock, since a value's `Drop` is user code.
+    pub(crate) fn take_all(&mut self) -> impl Sized {
+        self.index.clear();
+        self.values = 0;
+        self.weight = 0;
+        self.unsplittable = Vec::new();
+        std::mem::take(&mut self.slots)
+    }
+}
+
+impl<R: Ord, K, V> SortedQueue<R, K, V> {
+    /// Creates an empty queue.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::queue::SortedQueue;
+    ///
+    /// let q: SortedQueue<u32, &str, i32> = SortedQueue::new();
+    /// assert!(q.is_empty());
+    /// ```
+    pub fn new() -> Self {
+        SortedQueue {
+            slots: HashTable::new(),
+            hasher: DefaultHashBuilder::default(),
+            index: Index::new(),
+            values: 0,
+            weight: 0,
+            next_id: 0,
+            unsplittable: Vec::new(),
+        }
+    }
+}
+
+impl<R, K, V> SortedQueue<R, K, V>
+where
+    R: Ord + Clone,
+    K: Hash + Eq + Clone,
+{
+    /// Appends `value` to `key`'s pending values; the key's rank becomes the smaller of its
+    /// rank and `rank`.
+    ///
+    /// Returns `true` if the key now stands first, ahead of every other key: the smallest
+    /// rank in the queue moved down, or the queue was empty.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::queue::SortedQueue;
+    ///
+    /// let mut q = SortedQueue::new();
+    /// assert!(q.push("a", 'x', 5)); // first key: it leads
+    /// assert!(!q.push("b", 'y', 7)); // behind "a"
+    /// assert!(q.push("b", 'z', 1)); // "b" now ranks 1 and leads
+    /// assert_eq!(q.peek_rank(), Some(&1));
+    /// ```
+    pub fn push(&mut self, key: K, value: V, rank: R) -> bool {
+        self.push_with(key, value, 1, |_, _| rank)
+    }
+
+    /// Appends `value`, of the given `weight`, to `key`'s pending values. The key's rank
+    /// becomes the smaller of its rank and `rank(values, weight)`, where `values` and `weight`
+    /// are the key's count and total weight once `value` is in.
+    ///
+    /// This is how a caller makes a full key due at once without a second lookup. Returns
+    /// whether the key now leads, as [`push`](Self::push) does.
+    ///
+    /// # Panics
+    ///
+    /// Panics, changing nothing, if the total pending weight would overflow `usize`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::queue::SortedQueue;
+    ///
+    /// // Rank 100 normally, but 0 once a key holds three values or weighs 10.
+    /// let rank = |values: usize, weight: usize| if values >= 3 || weight >= 10 { 0 } else { 100 };
+    /// let mut q = SortedQueue::new();
+    /// q.push_with("a", 1, 1, rank);
+    /// q.push_with("a", 2, 1, rank);
+    /// assert_eq!(q.peek_rank(), Some(&100));
+    /// q.push_with("a", 3, 1, rank);
+    /// assert_eq!(q.peek_rank(), Some(&0));
+    ///
+    /// q.push_with("b", 4, 10, rank);
+    /// assert_eq!(q.weight(), 13);
+    /// ```
+    pub fn push_with(
+        &mut self,
+        key: K,
+        value: V,
+        weight: usize,
+        rank: impl FnOnce(usize, usize) -> R,
+    ) -> bool {
+        let hash = self.hasher.hash_one(&key);
+        let rank = |_: Option<&R>, values, weight| Some(rank(values, weight));
+        self.insert(hash, key, Items::Append(value, weight), rank)
+            .leads
+    }
+
+    /// Puts `values` back in front of `key`'s pending values, as after a failed delivery. The
+    /// key's rank becomes the smaller of its rank and `rank`. Each value weighs 1.
+    ///
+    /// Returns `true` if the key now stands first, as [`push`](Self::push) does. An empty
+    /// `values` changes nothing and returns `false`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::queue::SortedQueue;
+    ///
+    /// let mut q = SortedQueue::new();
+    /// q.push("a", 3, 10);
+    /// q.requeue("a", vec![1, 2], 10);
+    /// assert_eq!(q.pop_batch(usize::MAX, |_| true), vec![("a", vec![1, 2, 3])]);
+    /// ```
+    pub fn requeue(&mut self, key: K, values: Vec<V>, rank: R) -> bool {
+        self.requeue_weighted_inner(key, values, None, rank)
+    }
+
+    /// Like [`requeue`](Self::requeue), with each value's weight.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `weights` and `values` differ in length.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::queue::SortedQueue;
+    ///
+    /// let mut q = SortedQueue::new();
+    /// q.requeue_weighted("a", vec!["xx", "yyy"], vec![2, 3], 0);
+    /// assert_eq!(q.weight(), 5);
+    /// ```
+    #[track_caller]
+    pub fn requeue_weighted(
+        &mut self,
+        key: K,
+        values: Vec<V>,
+        weights: Vec<usize>,
+        rank: R,
+    ) -> bool {
+        assert_eq!(values.len(), weights.len(), "one weight per requeued value");
+        self.requeue_weighted_inner(key, values, Some(weights), rank)
+    }
+
+    fn requeue_weighted_inner(
+        &mut self,
+        key: K,
+        values: Vec<V>,
+        weights: Option<Vec<usize>>,
+        rank: R,
+    ) -> bool {
+        if values.is_empty() {
+            return false;
+        }
+        let hash = self.hasher.hash_one(&key);
+        let items = Items::Prepend(values, weights);
+        self.insert(hash, key, items, |_, _, _| Some(rank)).leads
+    }
+
+    /// Lowers `key`'s rank to `rank`, if the key is pending and `rank` is smaller. Returns
+    /// whether the key now leads.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::queue::SortedQueue;
+    ///
+    /// let mut q = SortedQueue::new();
+    /// q.push("a", 1, 10);
+    /// q.push("b", 2, 20);
+    /// assert!(q.promote(&"b", 0));
+    /// assert!(!q.promote(&"c", 0), "not pending");
+    /// assert_eq!(q.pop_batch(1, |_| true), vec![("b", vec![2])]);
+    /// ```
+    pub fn promote(&mut self, key: &K, rank: R) -> bool {
+        let hash = self.hasher.hash_one(key);
+        self.promote_hashed(hash, key, rank)
+    }
+
+    /// [`promote`](Self::promote), with the key's hash from [`hasher`](Self::hasher).
+    pub(crate) fn promote_hashed(&mut self, hash: u64, key: &K, rank: R) -> bool {
+        self.repair();
+        let id = self.take_id();
+        let Some(slot) = self.slots.find_mut(hash, |s| s.key == *key) else {
+            return false;
+        };
+        let lowered = self.index.guard(|index| {
+            if rank >= slot.rank {
+                return Err(rank);
+            }
+            index.push(Ticket {
+                rank: rank.clone(),
+                seq: slot.seq,
+                id,
+                hash,
+            });
+            Ok(rank)
+        });
+        match lowered {
+            Ok(rank) => {
+                let old = std::mem::replace(&mut slot.rank, rank);
+                slot.ticket = id;
+                self.index.discard(old);
+                self.settle_stale();
+                self.leads(id)
+            }
+            Err(rank) => {
+                self.index.discard(rank);
+                false
+            }
+        }
+    }
+
+    /// Lowers every pending key's rank to at most `rank`. Returns whether any rank moved.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::queue::SortedQueue;
+    ///
+    /// let mut q = SortedQueue::new();
+    /// q.push("a", 1, 10);
+    /// q.push("b", 2, 20);
+    /// assert!(q.promote_all(5));
+    /// assert_eq!(q.pop_batch(10, |rank| *rank <= 5), vec![("a", vec![1]), ("b", vec![2])]);
+    /// ```
+    pub fn promote_all(&mut self, rank: R) -> bool {
+        self.repair();
+        let slots = &mut self.slots;
+        // Replaced ranks are collected, to be discarded once user `Ord` is done.
+        let (moved, old) = self.index.guard(|_| {
+            let mut old = Vec::new();
+            for slot in slots.iter_mut() {
+                if rank < slot.rank {
+                    old.push(std::mem::replace(&mut slot.rank, rank.clone()));
+                }
+            }
+            (!old.is_empty(), old)
+        });
+        old.into_iter().for_each(|r| self.index.discard(r));
+        self.index.discard(rank);
+        if moved {
+            self.rebuild();
+        }
+        moved
+    }
+
+    /// Takes the next batch: due keys in rank order, at most `max_values` values in all.
+    ///
+    /// A key is due when `is_due(rank)` is true; taking stops at the first key that is not.
+    /// A key with more values than the room left is split: the batch takes its oldest values,
+    /// and the rest keep the key's rank and place, so they lead the next batch. The result is
+    /// empty when nothing is due or `max_values` is 0.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::queue::SortedQueue;
+    ///
+    /// let mut q = SortedQueue::new();
+    /// q.push("a", 1, 1);
+    /// q.push("a", 2, 1);
+    /// q.push("b", 3, 2);
+    /// assert_eq!(q.pop_batch(1, |_| true), vec![("a", vec![1])]);
+    /// assert_eq!(q.pop_batch(2, |_| true), vec![("a", vec![2]), ("b", vec![3])]);
+    /// ```
+    pub fn pop_batch(
+        &mut self,
+        max_values: usize,
+        is_due: impl FnMut(&R) -> bool,
+    ) -> Vec<(K, Vec<V>)> {
+        self.pop_batch_weighted(max_values, usize::MAX, is_due)
+    }
+
+    /// Like [`pop_batch`](Self::pop_batch), with the batch's total weight capped at
+    /// `max_weight` too.
+    ///
+    /// A key that does not fit by weight is split the same way. A single value heavier than
+    /// `max_weight` goes out alone, in a batch of its own, rather than being stuck.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::queue::SortedQueue;
+    ///
+    /// let mut q = SortedQueue::new();
+    /// q.push_with("a", 'x', 4, |_, _| 0);
+    /// q.push_with("a", 'y', 4, |_, _| 0);
+    /// q.push_with("b", 'z', 9, |_, _| 1);
+    /// assert_eq!(q.pop_batch_weighted(10, 5, |_| true), vec![("a", vec!['x'])]);
+    /// assert_eq!(q.pop_batch_weighted(10, 5, |_| true), vec![("a", vec!['y'])]);
+    /// assert_eq!(q.pop_batch_weighted(10, 5, |_| true), vec![("b", vec!['z'])]); // alone
+    /// ```
+    pub fn pop_batch_weighted(
+        &mut self,
+        max_values: usize,
+        max_weight: usize,
+        is_due: impl FnMut(&R) -> bool,
+    ) -> Vec<(K, Vec<V>)> {
+        self.repair();
+        // Plan first, then move: every call into user code (`Ord` in the heap, `K::clone`
+        // for a split key) happens while the plan is made, so a panic there leaves every
+        // value in its slot. Only the index can be left torn, and `repair` mends it.
+        let plan = self.plan(max_values, max_weight, is_due);
+        let mut batch = Vec::with_capacity(plan.len());
+        for share in plan {
+            // Removing planned slots moves no other slot, but check the id all the same.
+            let entry = match self.slots.get_bucket_entry(share.bucket) {
+                Ok(entry) if entry.get().ticket == share.id => entry,
+                _ => unreachable!("a planned slot stays in its bucket"),
+            };
+            self.values -= share.count;
+            self.weight -= share.weight;
+            match share.split {
+                None => {
+                    let (slot, _) = entry.remove();
+                    let Slot {
+                        key,
+                        values,
+                        rank,
+                        hash,
+                        seq,
+                        ..
+                    } = slot;
+                    if !self.unsplittable.is_empty() {
+                        self.unsplittable.retain(|run| *run != Run { hash, seq });
+                    }
+                    self.index.discard(rank);
+                    batch.push((key, values));
+                }
+                Some(key) => {
+                    let slot = entry.into_mut();
+                    batch.push((key, slot.take_front(share.count, share.weight)))
+                }
+            }
+        }
+        self.shrink();
+        batch
+    }
+
+    /// The shares of the next batch, in rank order; see
+    /// [`pop_batch_weighted`](Self::pop_batch_weighted).
+    fn plan(
+        &mut self,
+        max_values: usize,
+        max_weight: usize,
+        mut is_due: impl FnMut(&R) -> bool,
+    ) -> Vec<Share<K>> {
+        let slots = &self.slots;
+        let unsplittable = &mut self.unsplittable;
+        let planned = self.index.guard(|index| {
+            let mut plan: Vec<Share<K>> = Vec::new();
+            let (mut room, mut room_weight) = (max_values, max_weight);
+            while room > 0 {
+                let Some(side) = index.front_side() else {
+                    break;
+                };
+                let ticket = index.ticket(side);
+                let (hash, id) = (ticket.hash, ticket.id);
+                // One probe per key: it tells whether the ticket is live and finds the slot,
+                // and the move reaches the slot again by its bucket.
+                let Some(bucket) = slots.find_bucket_index(hash, |s| s.ticket == id) else {
+                    // A stale ticket that surfaced once the key ahead of it was planned.
+                    index.pop(side);
+                    continue;
+                };
+                let slot = slots.get_bucket(bucket).expect("bucket just found");
+                // Check what fits before asking whether it is due, so that `is_due` is asked
+                // only about keys that go out.
+                let empty = plan.is_empty();
+                let (mut count, mut weight) = slot.fitting(room, room_weight, empty);
+                let run = Run {
+                    hash,
+                    seq: slot.seq,
+                };
+                let whole = count == slot.values.len();
+                if !whole && unsplittable.contains(&run) {
+                    // It cannot be split: whole and alone, or not in this batch.
+                    (count, weight) = match empty {
+                        true => (slot.values.len(), slot.weight()),
+                        false => (0, 0),
+                    };
+                }
+                if count == 0 || !is_due(&ticket.rank) {
+                    break;
+                }
+                // A value heavier than the whole cap goes out alone, and so does a key that
+                // cannot be split.
+                let alone = weight > room_weight || count > room;
+                room = room.saturating_sub(count);
+                room_weight = room_weight.saturating_sub(weight);
+                if count == slot.values.len() {
+                    plan.push(Share {
+                        bucket,
+                        id,
+                        count,
+                        weight,
+                        split: None,
+                    });
+                    index.pop(side);
+                    if alone {
+                        break;
+                    }
+                } else {
+                    let key = &slot.key;
+                    let split = match panic::catch_unwind(AssertUnwindSafe(|| key.clone())) {
+                        Ok(key) => key,
+                        Err(panic) => {
+                            unsplittable.push(run);
+                            return Err(panic);
+                        }
+                    };
+                    plan.push(Share {
+                        bucket,
+                        id,
+                        count,
+                        weight,
+                        split: Some(split),
+                    });
+                    break;
+                }
+            }
+            index.prune(|t| slots.find(t.hash, |s| s.ticket == t.id).is_some());
+            Ok(plan)
+        });
+        match planned {
+            Ok(plan) => plan,
+            Err(panic) => {
+                // The tickets popped for planned keys must come back: rebuild the index.
+                self.rebuild();
+                panic::resume_unwind(panic)
+            }
+        }
+    }
+
+    /// The smallest rank in the queue: the rank of the key that comes out next.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::queue::SortedQueue;
+    ///
+    /// let mut q = SortedQueue::new();
+    /// assert_eq!(q.peek_rank(), None);
+    /// q.push("a", (), 7);
+    /// q.push("b", (), 3);
+    /// assert_eq!(q.peek_rank(), Some(&3));
+    /// ```
+    pub fn peek_rank(&self) -> Option<&R> {
+        self.index.front().map(|ticket| &ticket.rank)
+    }
+
+    /// Whether `key` has pending values.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::queue::SortedQueue;
+    ///
+    /// let mut q = SortedQueue::new();
+    /// q.push("a", 1, 0);
+    /// assert!(q.contains_key(&"a"));
+    /// assert!(!q.contains_key(&"b"));
+    /// ```
+    pub fn contains_key(&self, key: &K) -> bool {
+        self.contains_hashed(self.hasher.hash_one(key), key)
+    }
+
+    /// [`contains_key`](Self::contains_key), with the key's hash from
+    /// [`hasher`](Self::hasher).
+    pub(crate) fn contains_hashed(&self, hash: u64, key: &K) -> bool {
+        self.slots.find(hash, |s| s.key == *key).is_some()
+    }
+
+    /// Adds `items` to `key`, whose hash from [`hasher`](Self::hasher) is `hash`, and lowers
+    /// its rank to `rank(current, values, weight)`: the key's rank if it is pending, and its
+    /// count and weight once the items are in. The closure may return `None` when it knows
+    /// the rank would not drop; for a new key it must return a rank.
+    ///
+    /// # Panics
+    ///
+    /// Panics, changing nothing, if the total pending weight would overflow `usize`, or if
+    /// user code (`Eq`, `Ord`, `Clone`, the closure) panics.
+    pub(crate) fn insert(
+        &mut self,
+        hash: u64,
+        key: K,
+        items: Items<V>,
+        rank: impl FnOnce(Option<&R>, usize, usize) -> Option<R>,
+    ) -> Inserted<R, K> {
+        self.repair();
+        let (count, weight) = items.size();
+        // Weights are the caller's numbers: refuse, before anything changes, a total that
+        // does not fit. Every key's total is part of the queue's, so that one check will do.
+        let total = weight.checked_add(self.weight);
+        assert!(total.is_some(), "the total pending weight overflows usize");
+        // User code (`Eq`, the rank closure, `Ord`, `Clone`) runs before anything changes,
+        // except index pushes, which `guard` covers.
+        let id = self.take_id();
+        let index = &mut self.index;
+        let mut inserted = Inserted {
+            leads: false,
+            new_run: None,
+            spare_key: None,
+            spare_rank: None,
+        };
+        // Only a lowered rank leaves a stale ticket behind; only a new ticket can lead.
+        let stale = match self.slots.entry(hash, |s| s.key == key, |s| s.hash) {
+            Entry::Occupied(mut entry) => {
+                let slot = entry.get_mut();
+                let rank = rank(
+                    Some(&slot.rank),
+                    slot.values.len() + count,
+                    slot.weight() + weight,
+                );
+                let lowered = index.guard(|index| match rank {
+                    Some(rank) if rank < slot.rank => {
+                        index.push(Ticket {
+                            rank: rank.clone(),
+                            seq: slot.seq,
+                            id,
+                            hash,
+                        });
+                        Ok(rank)
+                    }
+                    other => Err(other),
+                });
+                let was_lowered = lowered.is_ok();
+                match lowered {
+                    Ok(rank) => {
+                        let old = std::mem::replace(&mut slot.rank, rank);
+                        slot.ticket = id;
+                        index.discard(old);
+                    }
+                    Err(spare) => inserted.spare_rank = spare,
+                }
+                slot.add(items);
+                inserted.spare_key = Some(key);
+                inserted.leads = was_lowered;
+                was_lowered
+            }
+            Entry::Vacant(entry) => {
+                let rank = rank(None, count, weight).expect("a new key has a rank");
+                index.guard(|index| {
+                    index.push(Ticket {
+                        rank: rank.clone(),
+                        seq: id,
+                        id,
+                        hash,
+                    })
+                });
+                let mut slot = Slot {
+                    hash,
+                    key,
+                    values: Vec::new(),
+                    weights: None,
+                    rank,
+                    seq: id,
+                    ticket: id,
+                };
+                slot.add(items);
+                entry.insert(slot);
+                inserted.leads = true;
+                inserted.new_run = Some(Run { hash, seq: id });
+                false
+            }
+        };
+        self.values += count;
+        self.weight += weight;
+        if stale {
+            self.settle_stale();
+        }
+        inserted.leads = inserted.leads && self.leads(id);
+        inserted
+    }
+
+    fn take_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// Whether the ticket `id` stands first.
+    fn leads(&self, id: u64) -> bool {
+        self.index.front().is_some_and(|ticket| ticket.id == id)
+    }
+
+    /// After a rank was lowered: drops the stale ticket if it reached a front, and rebuilds
+    /// once stale tickets outnumber live ones, so the index stays O(keys) at an amortized
+    /// O(log n) per stale ticket.
+    fn settle_stale(&mut self) {
+        let slots = &self.slots;
+        self.index
+            .guard(|index| index.prune(|t| slots.find(t.hash, |s| s.ticket == t.id).is_some()));
+        if self.index.len() > 2 * self.slots.len() + SMALL {
+            self.rebuild();
+        }
+    }
+
+    /// Rebuilds the index, if a panic in user `Ord` may have torn it.
+    fn repair(&mut self) {
+        if self.index.is_torn() {
+            self.rebuild();
+        }
+    }
+
+    /// Rebuilds the index from the slots: one live ticket per key, sorted, in the FIFO.
+    fn rebuild(&mut self) {
+        let mut tickets: Vec<Ticket<R>> = Vec::with_capacity(self.slots.len());
+        for slot in self.slots.iter() {
+            tickets.push(Ticket {
+                rank: slot.rank.clone(),
+                seq: slot.seq,
+                id: slot.ticket,
+                hash: slot.hash,
+            });
+        }
+        self.index.guard(|index| index.rebuild(tickets));
+    }
+
+    /// Gives memory back once the table or the index is mostly empty. Shrinking to twice
+    /// the live size only when it falls under an eighth keeps this amortized O(1).
+    fn shrink(&mut self) {
+        let live = self.slots.len();
+        if self.slots.capacity() > SHRINK_ABOVE && live * 8 < self.slots.capacity() {
+            self.slots.shrink_to(live * 2, |s| s.hash);
+        }
+        self.index.shrink(SHRINK_ABOVE);
+    }
+}
+
+impl<R: Ord, K, V> Default for SortedQueue<R, K, V> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<R, K, V> fmt::Debug for SortedQueue<R, K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SortedQueue")
+            .field("keys", &self.slots.len())
+            .field("values", &self.values)
+            .field("weight", &self.weight)
+            .finish_non_exhaustive()
+    }
+}
