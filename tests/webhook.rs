@@ -10,7 +10,9 @@
 //! real HTTP exchange, and paused time does not drive socket I/O. Each test runs one mode for
 //! 2 s, so the file takes about 3 s.
 
-#[path = "../examples/webhook.rs"]
+// The example's `mod server;` and its other `mod` lines resolve beside `main.rs`, in
+// `examples/webhook/`: a file loaded through `#[path]` owns its directory, as a `mod.rs` does.
+#[path = "../examples/webhook/main.rs"]
 #[allow(dead_code)] // the example's `main`, table and JSON output are not used here
 mod webhook;
 
