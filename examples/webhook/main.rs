@@ -47,6 +47,7 @@ mod support;
 use std::time::Duration;
 
 use axum::body::Bytes;
+use clap::Parser as _;
 use futures::future::join_all;
 use keyed_batch::error::SendError;
 use keyed_batch::timed;
@@ -55,8 +56,8 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{sleep, Instant};
 
 use client::Client;
+use options::Mode;
 pub use options::Options;
-use options::{Mode, USAGE};
 pub use report::Report;
 use report::{CpuTime, Percentiles};
 use server::Server;
@@ -64,17 +65,7 @@ use support::{now_us, Random, Stop};
 
 #[tokio::main]
 async fn main() {
-    let options = match Options::parse(std::env::args().skip(1)) {
-        Ok(Some(options)) => options,
-        Ok(None) => {
-            println!("{USAGE}");
-            return;
-        }
-        Err(message) => {
-            eprintln!("error: {message}\n\n{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    let options = Options::parse();
     let reports = run(&options).await;
     println!("{}", report::table(&options, &reports));
     if let Some(path) = &options.json {
@@ -92,7 +83,7 @@ async fn main() {
 pub async fn run(options: &Options) -> Vec<Report> {
     let stop = Stop::on_ctrl_c();
     let mut reports = Vec::new();
-    for &mode in options.mode.modes() {
+    for &mode in options.modes() {
         if stop.is_set() {
             break;
         }

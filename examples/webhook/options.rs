@@ -1,65 +1,95 @@
 //! The command line: the options with their defaults and checks, and the modes to run.
 
 use std::path::PathBuf;
+use std::str::FromStr;
 use std::time::Duration;
 
-pub const USAGE: &str = "\
-usage: cargo run --release --example webhook -- [options]
-
-  --mode direct|batched|compare  which way to deliver; compare runs both  [compare]
-  --compare                      same as --mode compare
-  --seconds S                    how long the producers run              [10]
-  --rate R                       events per second, all producers        [20000]
-  --customers N                  customers (HTTP endpoints)              [1000]
-  --producers P                  producer tasks                          [4]
-  --window D                     batched: longest wait for a customer    [1s]
-  --max-batch N                  batched: Builder::max_batch             [off]
-  --capacity N                   batched: Builder::capacity              [off]
-  --consumers N                  batched: consumer tasks                 [4]
-  --in-flight N                  most requests in flight at once         [64]
-  --fail-rate F                  share of requests answered with 503     [0]
-  --backoff D                    first retry delay; doubles, up to 2 s   [100ms]
-  --seed N                       seed for customers and failures         [1]
-  --json PATH                    also write the figures as JSON
-  -h, --help                     print this
-
-Durations take a unit: 1s, 500ms, 2.5s.";
+use clap::{Parser, ValueEnum};
 
 /// The command line.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Parser)]
+#[command(
+    name = "webhook",
+    override_usage = "cargo run --release --example webhook -- [OPTIONS]",
+    about = "Pushes events to customers over HTTP: one request per event, against one request \
+             per customer per window through keyed_batch::timed.",
+    after_help = "Durations take a unit: 1s, 500ms, 2.5s.",
+    // A repeated option takes its last value.
+    args_override_self = true
+)]
 pub struct Options {
+    /// Which way to deliver; compare runs both
+    #[arg(long, value_enum, value_name = "MODE", default_value = "compare")]
     pub mode: ModeChoice,
+    /// Same as --mode compare
+    #[arg(long, overrides_with = "mode")]
+    compare: bool,
+    /// How long the producers run, in seconds
+    #[arg(long, value_name = "S", default_value = "10", value_parser = seconds)]
     pub seconds: Duration,
+    /// Events per second, all producers
+    #[arg(long, value_name = "R", default_value = "20000", value_parser = positive)]
     pub rate: f64,
+    /// Customers (HTTP endpoints)
+    #[arg(long, value_name = "N", default_value = "1000", value_parser = at_least_one::<u32>)]
     pub customers: u32,
+    /// Producer tasks
+    #[arg(long, value_name = "P", default_value = "4", value_parser = at_least_one::<u32>)]
     pub producers: u32,
+    /// Batched: longest wait for a customer
+    #[arg(long, value_name = "D", default_value = "1s", value_parser = duration)]
     pub window: Duration,
+    /// Batched: Builder::max_batch [default: off]
+    #[arg(long, value_name = "N", value_parser = at_least_one::<usize>)]
     pub max_batch: Option<usize>,
+    /// Batched: Builder::capacity [default: off]
+    #[arg(long, value_name = "N", value_parser = at_least_one::<usize>)]
     pub capacity: Option<usize>,
+    /// Batched: consumer tasks
+    #[arg(long, value_name = "N", default_value = "4", value_parser = at_least_one::<usize>)]
     pub consumers: usize,
+    /// Most requests in flight at once
+    #[arg(long, value_name = "N", default_value = "64", value_parser = at_least_one::<usize>)]
     pub in_flight: usize,
+    /// Share of requests answered with 503
+    #[arg(long, value_name = "F", default_value = "0", value_parser = fail_rate)]
     pub fail_rate: f64,
+    /// First retry delay; doubles, up to 2 s
+    #[arg(long, value_name = "D", default_value = "100ms", value_parser = duration)]
     pub backoff: Duration,
+    /// Seed for customers and failures
+    #[arg(long, value_name = "N", default_value = "1")]
     pub seed: u64,
+    /// Also write the figures as JSON
+    #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What `--mode` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ModeChoice {
     Direct,
     Batched,
     Compare,
 }
 
+/// One way to deliver: a row of the table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     Direct,
     Batched,
 }
 
-impl ModeChoice {
-    pub fn modes(self) -> &'static [Mode] {
-        match self {
+impl Options {
+    /// The modes to run, in order. `--compare` and `--mode` override each other, the last one
+    /// given wins.
+    pub fn modes(&self) -> &'static [Mode] {
+        let choice = if self.compare {
+            ModeChoice::Compare
+        } else {
+            self.mode
+        };
+        match choice {
             ModeChoice::Direct => &[Mode::Direct],
             ModeChoice::Batched => &[Mode::Batched],
             ModeChoice::Compare => &[Mode::Direct, Mode::Batched],
@@ -76,117 +106,53 @@ impl Mode {
     }
 }
 
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            mode: ModeChoice::Compare,
-            seconds: Duration::from_secs(10),
-            rate: 20_000.0,
-            customers: 1_000,
-            producers: 4,
-            window: Duration::from_secs(1),
-            max_batch: None,
-            capacity: None,
-            consumers: 4,
-            in_flight: 64,
-            fail_rate: 0.0,
-            backoff: Duration::from_millis(100),
-            seed: 1,
-            json: None,
-        }
-    }
-}
-
-impl Options {
-    /// Parses the arguments after the program name; `Ok(None)` asks for the usage text.
-    pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, String> {
-        let mut options = Options::default();
-        let mut args = args.into_iter();
-        while let Some(arg) = args.next() {
-            // Both `--name value` and `--name=value`.
-            let (name, inline) = match arg.split_once('=') {
-                Some((name, value)) => (name.to_string(), Some(value.to_string())),
-                None => (arg, None),
-            };
-            let mut value = || {
-                inline
-                    .clone()
-                    .or_else(|| args.next())
-                    .ok_or_else(|| format!("{name} needs a value"))
-            };
-            match name.as_str() {
-                "-h" | "--help" => return Ok(None),
-                "--compare" => options.mode = ModeChoice::Compare,
-                "--mode" => {
-                    options.mode = match value()?.as_str() {
-                        "direct" => ModeChoice::Direct,
-                        "batched" => ModeChoice::Batched,
-                        "compare" => ModeChoice::Compare,
-                        other => return Err(format!("unknown mode {other:?}")),
-                    }
-                }
-                "--seconds" => {
-                    let seconds: f64 = number(&name, &value()?)?;
-                    options.seconds = Duration::try_from_secs_f64(seconds)
-                        .map_err(|_| format!("--seconds: {seconds} is not a duration"))?;
-                }
-                "--rate" => options.rate = number(&name, &value()?)?,
-                "--customers" => options.customers = number(&name, &value()?)?,
-                "--producers" => options.producers = number(&name, &value()?)?,
-                "--window" => options.window = duration(&name, &value()?)?,
-                "--max-batch" => options.max_batch = Some(number(&name, &value()?)?),
-                "--capacity" => options.capacity = Some(number(&name, &value()?)?),
-                "--consumers" => options.consumers = number(&name, &value()?)?,
-                "--in-flight" => options.in_flight = number(&name, &value()?)?,
-                "--fail-rate" => options.fail_rate = number(&name, &value()?)?,
-                "--backoff" => options.backoff = duration(&name, &value()?)?,
-                "--seed" => options.seed = number(&name, &value()?)?,
-                "--json" => options.json = Some(PathBuf::from(value()?)),
-                other => return Err(format!("unknown option {other:?}")),
-            }
-        }
-        options.check()?;
-        Ok(Some(options))
-    }
-
-    fn check(&self) -> Result<(), String> {
-        let positive = [
-            ("--customers", self.customers as usize),
-            ("--producers", self.producers as usize),
-            ("--consumers", self.consumers),
-            ("--in-flight", self.in_flight),
-            ("--max-batch", self.max_batch.unwrap_or(1)),
-            ("--capacity", self.capacity.unwrap_or(1)),
-        ];
-        if let Some((name, _)) = positive.iter().find(|(_, n)| *n == 0) {
-            return Err(format!("{name} must be at least 1"));
-        }
-        if !(self.rate > 0.0 && self.rate.is_finite()) {
-            return Err("--rate must be a positive number".into());
-        }
-        // A rate of 1 would fail every retry too, and the program would never finish.
-        if !(0.0..1.0).contains(&self.fail_rate) {
-            return Err("--fail-rate must be at least 0 and below 1".into());
-        }
-        Ok(())
-    }
-}
-
-fn number<T: std::str::FromStr>(name: &str, value: &str) -> Result<T, String> {
+fn number<T: FromStr>(value: &str) -> Result<T, String> {
     value
         .parse()
-        .map_err(|_| format!("{name}: {value:?} is not a valid number"))
+        .map_err(|_| format!("{value:?} is not a valid number"))
 }
 
-fn duration(name: &str, value: &str) -> Result<Duration, String> {
+/// A count that must be at least 1 (a builder would panic on 0, a run would make nothing).
+fn at_least_one<T: FromStr + PartialOrd + From<u8>>(value: &str) -> Result<T, String> {
+    let n: T = number(value)?;
+    if n < T::from(1) {
+        return Err("must be at least 1".into());
+    }
+    Ok(n)
+}
+
+fn positive(value: &str) -> Result<f64, String> {
+    let x: f64 = number(value)?;
+    if !(x > 0.0 && x.is_finite()) {
+        return Err("must be a positive number".into());
+    }
+    Ok(x)
+}
+
+fn fail_rate(value: &str) -> Result<f64, String> {
+    let x: f64 = number(value)?;
+    // A rate of 1 would fail every retry too, and the program would never finish.
+    if !(0.0..1.0).contains(&x) {
+        return Err("must be at least 0 and below 1".into());
+    }
+    Ok(x)
+}
+
+/// `--seconds`: a plain number of seconds.
+fn seconds(value: &str) -> Result<Duration, String> {
+    let seconds: f64 = number(value)?;
+    Duration::try_from_secs_f64(seconds).map_err(|_| format!("{seconds} is not a duration"))
+}
+
+/// A duration with a unit: 1s, 500ms, 2.5s.
+fn duration(value: &str) -> Result<Duration, String> {
     let (digits, unit) = if let Some(ms) = value.strip_suffix("ms") {
         (ms, 1e-3)
     } else if let Some(s) = value.strip_suffix('s') {
         (s, 1.0)
     } else {
-        return Err(format!("{name}: {value:?} needs a unit (ms or s)"));
+        return Err(format!("{value:?} needs a unit (ms or s)"));
     };
-    let seconds: f64 = number(name, digits)?;
-    Duration::try_from_secs_f64(seconds * unit)
-        .map_err(|_| format!("{name}: {value:?} is not a duration"))
+    let seconds: f64 = number(digits)?;
+    Duration::try_from_secs_f64(seconds * unit).map_err(|_| format!("{value:?} is not a duration"))
 }
