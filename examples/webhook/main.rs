@@ -35,7 +35,7 @@
 //! This file is the batching: the run of one mode, the two ways to deliver, the consumer with
 //! its retry, and the producers. Beside it: `client.rs` (the HTTP client), `server.rs` (the
 //! customers' endpoints and what they saw), `options.rs` (the command line), `report.rs`
-//! (the table, the JSON and the progress line) and `support.rs` (the Ctrl-C flag, the clock,
+//! (the table, the JSON and the progress bar) and `support.rs` (the Ctrl-C flag, the clock,
 //! the seeded generator).
 
 mod client;
@@ -44,6 +44,7 @@ mod report;
 mod server;
 mod support;
 
+use std::io::IsTerminal as _;
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -59,13 +60,15 @@ use client::Client;
 use options::Mode;
 pub use options::Options;
 pub use report::Report;
-use report::{CpuTime, Percentiles};
+use report::{CpuTime, Percentiles, Progress};
 use server::Server;
 use support::{now_us, Random, Stop};
 
 #[tokio::main]
 async fn main() {
-    let options = Options::parse();
+    let mut options = Options::parse();
+    // The bar redraws its line; into a file or a pipe that would only be noise.
+    options.progress = std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
     let reports = run(&options).await;
     println!("{}", report::table(&options, &reports));
     if let Some(path) = &options.json {
@@ -99,7 +102,7 @@ async fn run_mode(mode: Mode, options: &Options, stop: &Stop) -> Report {
     let client = Client::new(server.addr, options);
     let cpu = CpuTime::start();
     let started = Instant::now();
-    let progress = tokio::spawn(report::show_progress(mode, server.counts()));
+    let progress = Progress::start(mode, options, server.counts());
 
     let produced = match mode {
         Mode::Direct => run_direct(options, &client, stop).await,
@@ -108,8 +111,7 @@ async fn run_mode(mode: Mode, options: &Options, stop: &Stop) -> Report {
 
     let run_seconds = started.elapsed().as_secs_f64();
     let cpu_seconds = cpu.seconds();
-    progress.abort();
-    eprintln!();
+    progress.finish();
     let max_event_failures = client.max_failures();
     drop(client); // closes the pooled keep-alive connections, so the server can stop
     let seen = server.stop().await;
@@ -299,9 +301,8 @@ struct Produced {
 /// events, with the same ids, for the same customers.
 async fn produce(options: &Options, stop: &Stop, sink: impl Fn(u32) -> Sink) -> Produced {
     let started = Instant::now();
-    let rate = options.rate / f64::from(options.producers);
-    // Each producer makes a fixed number of events, the last of them due at `--seconds`.
-    let total = (rate * options.seconds.as_secs_f64()).round() as u64;
+    let rate = options.producer_rate();
+    let total = options.events_per_producer();
     let mut producers = JoinSet::new();
     for index in 0..options.producers {
         let (stop, mut sink) = (stop.clone(), sink(index));

@@ -63,6 +63,10 @@ pub struct Options {
     /// Also write the figures as JSON
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
+    /// Whether to draw a progress bar on stderr. Not an option: `main` sets it where stdout
+    /// and stderr are terminals, and it stays off in the tests.
+    #[arg(skip)]
+    pub progress: bool,
 }
 
 /// What `--mode` asks for.
@@ -94,6 +98,17 @@ impl Options {
             ModeChoice::Batched => &[Mode::Batched],
             ModeChoice::Compare => &[Mode::Direct, Mode::Batched],
         }
+    }
+
+    /// Each producer's share of `--rate`, in events per second.
+    pub fn producer_rate(&self) -> f64 {
+        self.rate / f64::from(self.producers)
+    }
+
+    /// How many events each producer makes: a fixed number, the last of them due at
+    /// `--seconds`.
+    pub fn events_per_producer(&self) -> u64 {
+        (self.producer_rate() * self.seconds.as_secs_f64()).round() as u64
     }
 }
 

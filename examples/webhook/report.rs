@@ -1,11 +1,13 @@
 //! What a run measured and how it is shown: the report of one mode, the table, the JSON, the
-//! progress line, and the number formatting.
+//! progress bar, and the number formatting.
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::time::Duration;
 
+use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
-use tokio::time::{sleep, Instant};
+use tokio::task::JoinHandle;
 
 use super::options::{Mode, Options};
 
@@ -97,21 +99,68 @@ fn cpu_ticks() -> Option<u64> {
 
 // ===== progress =====
 
-/// Prints a progress line to stderr every second, until aborted; `counts` reads the events
-/// received and the requests answered so far.
-pub async fn show_progress(mode: Mode, counts: impl Fn() -> (u64, u64)) {
-    let started = Instant::now();
-    loop {
-        sleep(Duration::from_secs(1)).await;
-        let (events, requests) = counts();
-        eprint!(
-            "\r{:>7} {:>5.1} s: {} events received in {} requests   ",
-            mode.name(),
-            started.elapsed().as_secs_f64(),
-            thousands(events),
-            thousands(requests),
-        );
+/// A progress bar on stderr while a mode runs: events received out of those the producers
+/// will make, their rate, and the time left.
+pub struct Progress(Option<Shown>);
+
+struct Shown {
+    bar: ProgressBar,
+    counts: Counts,
+    task: JoinHandle<()>,
+}
+
+/// Reads the events received and the requests answered so far.
+type Counts = Arc<dyn Fn() -> (u64, u64) + Send + Sync>;
+
+impl Progress {
+    /// Starts the bar, if `options.progress` asks for one; `counts` reads the events received
+    /// and the requests answered so far.
+    pub fn start(
+        mode: Mode,
+        options: &Options,
+        counts: impl Fn() -> (u64, u64) + Send + Sync + 'static,
+    ) -> Progress {
+        if !options.progress {
+            return Progress(None);
+        }
+        let events = options.events_per_producer() * u64::from(options.producers);
+        let style = ProgressStyle::with_template(
+            "{prefix:>7} {wide_bar} {human_pos}/{human_len} events in {msg}, {per_sec:0}, \
+             {eta} left",
+        )
+        .expect("a valid template");
+        let bar = ProgressBar::new(events)
+            .with_style(style)
+            .with_prefix(mode.name());
+        let counts: Counts = Arc::new(counts);
+        let task = tokio::spawn({
+            let (bar, counts) = (bar.clone(), counts.clone());
+            async move {
+                let mut tick = tokio::time::interval(Duration::from_millis(250));
+                loop {
+                    tick.tick().await;
+                    show(&bar, &counts);
+                }
+            }
+        });
+        Progress(Some(Shown { bar, counts, task }))
     }
+
+    /// Stops the updates and leaves the final counts on screen.
+    pub fn finish(self) {
+        if let Some(Shown { bar, counts, task }) = self.0 {
+            task.abort();
+            show(&bar, &counts);
+            bar.abandon(); // `finish` would fill the bar, even after a Ctrl-C
+        }
+    }
+}
+
+/// Brings the bar up to the server's counts.
+fn show(bar: &ProgressBar, counts: &Counts) {
+    let (events, requests) = counts();
+    bar.set_position(events);
+    bar.set_message(format!("{} requests", thousands(requests)));
 }
 
 // ===== output =====
