@@ -1,0 +1,173 @@
+//! The command line: the options with their defaults and checks, and the modes to run.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+/// The command line.
+#[derive(Clone, Debug, Parser)]
+#[command(
+    name = "webhook",
+    override_usage = "cargo run --release --example webhook -- [OPTIONS]",
+    about = "Pushes events to customers over HTTP: one request per event, against one request \
+             per customer per window through keyed_batch::timed.",
+    after_help = "Durations take a unit: 1s, 500ms, 2.5s.",
+    // A repeated option takes its last value.
+    args_override_self = true
+)]
+pub struct Options {
+    /// Which way to deliver; compare runs both
+    #[arg(long, value_enum, value_name = "MODE", default_value = "compare")]
+    pub mode: ModeChoice,
+    /// Same as --mode compare
+    #[arg(long, overrides_with = "mode")]
+    compare: bool,
+    /// How long the producers run, in seconds
+    #[arg(long, value_name = "S", default_value = "10", value_parser = seconds)]
+    pub seconds: Duration,
+    /// Events per second, all producers
+    #[arg(long, value_name = "R", default_value = "20000", value_parser = positive)]
+    pub rate: f64,
+    /// Customers (HTTP endpoints)
+    #[arg(long, value_name = "N", default_value = "1000", value_parser = at_least_one::<u32>)]
+    pub customers: u32,
+    /// Producer tasks
+    #[arg(long, value_name = "P", default_value = "4", value_parser = at_least_one::<u32>)]
+    pub producers: u32,
+    /// Batched: longest wait for a customer
+    #[arg(long, value_name = "D", default_value = "1s", value_parser = duration)]
+    pub window: Duration,
+    /// Batched: Builder::max_batch [default: off]
+    #[arg(long, value_name = "N", value_parser = at_least_one::<usize>)]
+    pub max_batch: Option<usize>,
+    /// Batched: Builder::capacity [default: off]
+    #[arg(long, value_name = "N", value_parser = at_least_one::<usize>)]
+    pub capacity: Option<usize>,
+    /// Batched: consumer tasks
+    #[arg(long, value_name = "N", default_value = "4", value_parser = at_least_one::<usize>)]
+    pub consumers: usize,
+    /// Most requests in flight at once
+    #[arg(long, value_name = "N", default_value = "64", value_parser = at_least_one::<usize>)]
+    pub in_flight: usize,
+    /// Share of requests answered with 503
+    #[arg(long, value_name = "F", default_value = "0", value_parser = fail_rate)]
+    pub fail_rate: f64,
+    /// First retry delay; doubles, up to 2 s
+    #[arg(long, value_name = "D", default_value = "100ms", value_parser = duration)]
+    pub backoff: Duration,
+    /// Seed for customers and failures
+    #[arg(long, value_name = "N", default_value = "1")]
+    pub seed: u64,
+    /// Also write the figures as JSON
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+    /// Whether to draw a progress bar on stderr. Not an option: `main` sets it where stdout
+    /// and stderr are terminals, and it stays off in the tests.
+    #[arg(skip)]
+    pub progress: bool,
+}
+
+/// What `--mode` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ModeChoice {
+    Direct,
+    Batched,
+    Compare,
+}
+
+/// One way to deliver: a row of the table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Direct,
+    Batched,
+}
+
+impl Options {
+    /// The modes to run, in order. `--compare` and `--mode` override each other, the last one
+    /// given wins.
+    pub fn modes(&self) -> &'static [Mode] {
+        let choice = if self.compare {
+            ModeChoice::Compare
+        } else {
+            self.mode
+        };
+        match choice {
+            ModeChoice::Direct => &[Mode::Direct],
+            ModeChoice::Batched => &[Mode::Batched],
+            ModeChoice::Compare => &[Mode::Direct, Mode::Batched],
+        }
+    }
+
+    /// Each producer's share of `--rate`, in events per second.
+    pub fn producer_rate(&self) -> f64 {
+        self.rate / f64::from(self.producers)
+    }
+
+    /// How many events each producer makes: a fixed number, the last of them due at
+    /// `--seconds`.
+    pub fn events_per_producer(&self) -> u64 {
+        (self.producer_rate() * self.seconds.as_secs_f64()).round() as u64
+    }
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Direct => "direct",
+            Mode::Batched => "batched",
+        }
+    }
+}
+
+fn number<T: FromStr>(value: &str) -> Result<T, String> {
+    value
+        .parse()
+        .map_err(|_| format!("{value:?} is not a valid number"))
+}
+
+/// A count that must be at least 1 (a builder would panic on 0, a run would make nothing).
+fn at_least_one<T: FromStr + PartialOrd + From<u8>>(value: &str) -> Result<T, String> {
+    let n: T = number(value)?;
+    if n < T::from(1) {
+        return Err("must be at least 1".into());
+    }
+    Ok(n)
+}
+
+fn positive(value: &str) -> Result<f64, String> {
+    let x: f64 = number(value)?;
+    if !(x > 0.0 && x.is_finite()) {
+        return Err("must be a positive number".into());
+    }
+    Ok(x)
+}
+
+fn fail_rate(value: &str) -> Result<f64, String> {
+    let x: f64 = number(value)?;
+    // A rate of 1 would fail every retry too, and the program would never finish.
+    if !(0.0..1.0).contains(&x) {
+        return Err("must be at least 0 and below 1".into());
+    }
+    Ok(x)
+}
+
+/// `--seconds`: a plain number of seconds.
+fn seconds(value: &str) -> Result<Duration, String> {
+    let seconds: f64 = number(value)?;
+    Duration::try_from_secs_f64(seconds).map_err(|_| format!("{seconds} is not a duration"))
+}
+
+/// A duration with a unit: 1s, 500ms, 2.5s.
+fn duration(value: &str) -> Result<Duration, String> {
+    let (digits, unit) = if let Some(ms) = value.strip_suffix("ms") {
+        (ms, 1e-3)
+    } else if let Some(s) = value.strip_suffix('s') {
+        (s, 1.0)
+    } else {
+        return Err(format!("{value:?} needs a unit (ms or s)"));
+    };
+    let seconds: f64 = number(digits)?;
+    Duration::try_from_secs_f64(seconds * unit).map_err(|_| format!("{value:?} is not a duration"))
+}

@@ -1,0 +1,61 @@
+//! Small helpers the rest share: the Ctrl-C stop flag, the clock for event times, and a
+//! seeded generator.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+/// Set once Ctrl-C is pressed; a second Ctrl-C quits at once.
+#[derive(Clone)]
+pub struct Stop(Arc<AtomicBool>);
+
+impl Stop {
+    pub fn on_ctrl_c() -> Stop {
+        let stop = Stop(Arc::new(AtomicBool::new(false)));
+        let flag = stop.0.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                eprintln!("\nCtrl-C: stopping the producers and delivering what is pending");
+                flag.store(true, Ordering::Relaxed);
+                if tokio::signal::ctrl_c().await.is_ok() {
+                    std::process::exit(130);
+                }
+            }
+        });
+        stop
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Microseconds since the program first asked: the clock for creation and receipt times,
+/// shared by producers and server since both live in this process.
+pub fn now_us() -> u64 {
+    static START: OnceLock<std::time::Instant> = OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_micros() as u64
+}
+
+/// A small seeded generator (splitmix64): the same seed, the same customers.
+pub struct Random(u64);
+
+impl Random {
+    pub fn new(seed: u64) -> Random {
+        Random(seed)
+    }
+
+    pub fn below(&mut self, n: u32) -> u32 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        (((mix(self.0) >> 32) * u64::from(n)) >> 32) as u32
+    }
+}
+
+/// splitmix64's finaliser: scrambles the bits of a counter.
+pub fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
