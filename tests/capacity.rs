@@ -1,6 +1,8 @@
 //! Bounded channels: waiting for room, first come first served, `Full`, requeue past the
 //! bound, cancelled sends and blocking sends.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -12,7 +14,9 @@ use tokio::time::{advance, Instant};
 use tokio_test::task;
 use tokio_test::{assert_pending, assert_ready, assert_ready_ok};
 
-const WINDOW: Duration = Duration::from_secs(10);
+use common::time::{ms, secs};
+
+const WINDOW: Duration = secs(10);
 
 /// Rule 7: `send` waits while the channel is full, and proceeds as soon as a batch is taken.
 #[tokio::test(start_paused = true)]
@@ -24,9 +28,9 @@ async fn send_waits_for_room() {
     assert_pending!(send.poll());
     assert_eq!(tx.len(), 2);
 
-    advance(WINDOW - Duration::from_millis(1)).await;
+    advance(WINDOW - ms(1)).await;
     assert!(!send.is_woken());
-    let taken_at = Instant::now() + Duration::from_millis(1);
+    let taken_at = Instant::now() + ms(1);
     assert_eq!(rx.recv().await, Some(vec![("a", vec![1, 2])]));
     assert_eq!(Instant::now(), taken_at);
     assert!(send.is_woken());

@@ -1,8 +1,9 @@
 //! Closing: by dropping every sender, by `close()`, or by dropping every receiver. What
 //! pending values do, what sends and requeues do afterwards, and who is woken.
 
+mod common;
+
 use std::sync::Arc;
-use std::time::Duration;
 
 use keyed_batch::error::{SendError, TryRecvError, TrySendError};
 use keyed_batch::{ordered, timed};
@@ -10,7 +11,7 @@ use tokio::time::{advance, Instant};
 use tokio_test::task;
 use tokio_test::{assert_pending, assert_ready};
 
-const HOUR: Duration = Duration::from_secs(3600);
+use common::time::{secs, HOUR};
 
 /// Sends one key with three values and two single keys, with `b` ranked before `a`.
 async fn fill(tx: &timed::Sender<&'static str, i32>) {
@@ -307,7 +308,7 @@ fn closed_waiters_are_woken_outside_the_lock() {
 
     let (done, finished) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let (tx, rx) = timed::channel::<u8, u8>(Duration::from_secs(1));
+        let (tx, rx) = timed::channel::<u8, u8>(secs(1));
         let peek = Arc::new(Peek {
             tx: tx.clone(),
             saw_closed: AtomicBool::new(false),
@@ -320,7 +321,7 @@ fn closed_waiters_are_woken_outside_the_lock() {
         let _ = done.send(peek.saw_closed.load(Ordering::SeqCst));
     });
     let saw_closed = finished
-        .recv_timeout(Duration::from_secs(10))
+        .recv_timeout(secs(10))
         .expect("dropping the receiver deadlocked in the closed() waker");
     assert!(saw_closed);
 }

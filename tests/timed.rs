@@ -3,6 +3,8 @@
 //!
 //! Time is paused, so every timing claim is exact to the millisecond.
 
+mod common;
+
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -13,15 +15,9 @@ use tokio::time::{advance, Instant};
 use tokio_test::task;
 use tokio_test::{assert_pending, assert_ready};
 
-const WINDOW: Duration = Duration::from_secs(10);
+use common::time::{ms, secs};
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
+const WINDOW: Duration = secs(10);
 
 // ===== aggregation and deadlines =====
 
