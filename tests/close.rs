@@ -23,8 +23,8 @@ async fn fill(tx: &timed::Sender<&'static str, i32>) {
     tx.send("c", 20).await.unwrap();
 }
 
-/// Rule 6: dropping the last sender (not just one) makes everything due at once; batches keep
-/// `max_batch` and rank order, then the stream ends.
+/// Disconnection: dropping the last sender (not just one) makes everything due at once;
+/// batches keep `max_batch` and rank order, then the stream ends.
 #[tokio::test(start_paused = true)]
 async fn drop_senders_flushes() {
     let (tx, mut rx) = timed::Builder::new(HOUR).max_batch(2).build();
@@ -45,7 +45,7 @@ async fn drop_senders_flushes() {
     assert_eq!(Instant::now(), start);
 }
 
-/// Rule 6: `close()` flushes the same way while senders are still alive.
+/// Disconnection: `close()` flushes the same way while senders are still alive.
 #[tokio::test(start_paused = true)]
 async fn close_flushes() {
     let (tx, mut rx) = timed::Builder::new(HOUR).max_batch(2).build();
@@ -62,7 +62,7 @@ async fn close_flushes() {
     assert_eq!(Instant::now(), start);
 }
 
-/// Rule 6: after close, every `timed` send method fails and hands the value back.
+/// Disconnection: after close, every `timed` send method fails and hands the value back.
 #[tokio::test(start_paused = true)]
 async fn send_after_close_timed() {
     let (tx, rx) = timed::channel(HOUR);
@@ -78,7 +78,7 @@ async fn send_after_close_timed() {
     assert!(rx.is_empty());
 }
 
-/// Rule 6: after close, every `ordered` send method fails and hands the value back.
+/// Disconnection: after close, every `ordered` send method fails and hands the value back.
 #[tokio::test]
 async fn send_after_close_ordered() {
     let (tx, rx) = ordered::channel();
@@ -91,7 +91,7 @@ async fn send_after_close_ordered() {
     assert!(rx.is_empty());
 }
 
-/// Rule 6: `blocking_send` fails and hands the value back after `close()` or once every
+/// Disconnection: `blocking_send` fails and hands the value back after `close()` or once every
 /// receiver is gone (both flavours).
 #[test]
 fn blocking_send_after_close() {
@@ -110,7 +110,7 @@ fn blocking_send_after_close() {
     assert_eq!(tx.blocking_send(1, "a", 4), Err(SendError((1, "a", 4))));
 }
 
-/// Rule 6: dropping the last receiver (not just one) makes sends fail with the value.
+/// Disconnection: dropping the last receiver (not just one) makes sends fail with the value.
 #[tokio::test(start_paused = true)]
 async fn drop_receivers_timed() {
     let (tx, rx) = timed::channel(HOUR);
@@ -130,7 +130,7 @@ async fn drop_receivers_timed() {
     );
 }
 
-/// Rule 6: dropping the last receiver makes `ordered` sends fail with the value.
+/// Disconnection: dropping the last receiver makes `ordered` sends fail with the value.
 #[tokio::test]
 async fn drop_receivers_ordered() {
     let (tx, rx) = ordered::channel();
@@ -159,8 +159,8 @@ fn drop_receivers_drops_pending() {
     drop(tx);
 }
 
-/// Rule 6: a requeue after close but before the end joins the flush, in front of the key's
-/// other values.
+/// Disconnection: a requeue after close but before the end joins the flush, in front of the
+/// key's other values.
 #[tokio::test(start_paused = true)]
 async fn requeue_joins_flush() {
     let (tx, mut rx) = timed::Builder::new(HOUR).max_batch(2).build();
@@ -178,8 +178,8 @@ async fn requeue_joins_flush() {
     assert_eq!(rx.recv().await, None);
 }
 
-/// Rule 6: once `recv` has returned `None`, requeue fails and hands the values back, for
-/// this receiver and its clones (`timed`).
+/// Disconnection: once `recv` has returned `None`, requeue fails and hands the values back,
+/// for this receiver and its clones (`timed`).
 #[tokio::test(start_paused = true)]
 async fn requeue_after_end_timed() {
     let (tx, mut rx) = timed::channel::<&str, i32>(HOUR);
@@ -191,7 +191,7 @@ async fn requeue_after_end_timed() {
     assert!(rx.is_empty());
 }
 
-/// Rule 6: once `recv` has returned `None`, requeue fails and hands the values back
+/// Disconnection: once `recv` has returned `None`, requeue fails and hands the values back
 /// (`ordered`).
 #[tokio::test]
 async fn requeue_after_end_ordered() {
@@ -207,8 +207,8 @@ async fn requeue_after_end_ordered() {
     );
 }
 
-/// Rule 6: dropping the last sender wakes a receiver sleeping on a far deadline, which then
-/// gets the batch without waiting and then `None`.
+/// Disconnection: dropping the last sender wakes a receiver sleeping on a far deadline, which
+/// then gets the batch without waiting and then `None`.
 #[tokio::test(start_paused = true)]
 async fn drop_senders_wakes_receiver() {
     let (tx, mut rx) = timed::channel(HOUR);
@@ -224,7 +224,8 @@ async fn drop_senders_wakes_receiver() {
     assert_eq!(Instant::now(), start);
 }
 
-/// Rule 6: `close()` wakes every waiting receiver on an empty channel, and they see the end.
+/// Disconnection: `close()` wakes every waiting receiver on an empty channel, and they see the
+/// end.
 #[tokio::test(start_paused = true)]
 async fn close_wakes_receiver() {
     let (_tx, mut rx1) = timed::channel::<&str, i32>(HOUR);
@@ -243,7 +244,7 @@ async fn close_wakes_receiver() {
     assert_eq!(assert_ready!(r2.poll()), None);
 }
 
-/// Rule 6: `close()` wakes a sender waiting for room, which fails with its value.
+/// Disconnection: `close()` wakes a sender waiting for room, which fails with its value.
 #[tokio::test(start_paused = true)]
 async fn close_wakes_sender() {
     let (tx, rx) = timed::Builder::new(HOUR).capacity(1).build();
@@ -256,8 +257,8 @@ async fn close_wakes_sender() {
     assert_eq!(rx.len(), 1);
 }
 
-/// Rule 6: dropping the last receiver wakes a sender waiting for room, which fails with its
-/// value.
+/// Disconnection: dropping the last receiver wakes a sender waiting for room, which fails with
+/// its value.
 #[tokio::test]
 async fn drop_receivers_wakes_sender() {
     let (tx, rx) = ordered::Builder::new().capacity(1).build();
@@ -269,7 +270,8 @@ async fn drop_receivers_wakes_sender() {
     assert_eq!(assert_ready!(send.poll()), Err(SendError((2, "b", 2))));
 }
 
-/// Rule 7: a channel that is both closed and full reports `Closed`, not `Full`.
+/// Limits and Disconnection: a channel that is both closed and full reports `Closed`, not
+/// `Full`.
 #[test]
 fn closed_and_full_is_closed() {
     let (tx, rx) = timed::Builder::new(HOUR).capacity(1).build();
