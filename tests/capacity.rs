@@ -1,6 +1,8 @@
 //! Bounded channels: waiting for room, first come first served, `Full`, requeue past the
 //! bound, cancelled sends and blocking sends.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -12,9 +14,11 @@ use tokio::time::{advance, Instant};
 use tokio_test::task;
 use tokio_test::{assert_pending, assert_ready, assert_ready_ok};
 
-const WINDOW: Duration = Duration::from_secs(10);
+use common::time::{ms, secs};
 
-/// Rule 7: `send` waits while the channel is full, and proceeds as soon as a batch is taken.
+const WINDOW: Duration = secs(10);
+
+/// Limits: `send` waits while the channel is full, and proceeds as soon as a batch is taken.
 #[tokio::test(start_paused = true)]
 async fn send_waits_for_room() {
     let (tx, mut rx) = timed::Builder::new(WINDOW).capacity(2).build();
@@ -24,9 +28,9 @@ async fn send_waits_for_room() {
     assert_pending!(send.poll());
     assert_eq!(tx.len(), 2);
 
-    advance(WINDOW - Duration::from_millis(1)).await;
+    advance(WINDOW - ms(1)).await;
     assert!(!send.is_woken());
-    let taken_at = Instant::now() + Duration::from_millis(1);
+    let taken_at = Instant::now() + ms(1);
     assert_eq!(rx.recv().await, Some(vec![("a", vec![1, 2])]));
     assert_eq!(Instant::now(), taken_at);
     assert!(send.is_woken());
@@ -34,7 +38,7 @@ async fn send_waits_for_room() {
     assert_eq!(rx.len(), 1);
 }
 
-/// Rule 7: capacity counts values, not keys.
+/// Limits: capacity counts values, not keys.
 #[test]
 fn capacity_counts_values() {
     let (tx, mut rx) = ordered::Builder::new().capacity(3).build();
@@ -47,7 +51,7 @@ fn capacity_counts_values() {
     tx.try_send(0, "b", 9).unwrap();
 }
 
-/// Rule 7: waiting senders go first come first served: only the head proceeds when room
+/// Limits: waiting senders go first come first served: only the head proceeds when room
 /// returns, whoever is polled first.
 #[tokio::test(start_paused = true)]
 async fn waiting_senders_are_fifo() {
@@ -79,7 +83,7 @@ async fn waiting_senders_are_fifo() {
     assert_eq!(rx.try_recv(), Ok(vec![("k", vec![3])]));
 }
 
-/// Rule 7: when a batch frees room for several values, the head proceeds and then lets the
+/// Limits: when a batch frees room for several values, the head proceeds and then lets the
 /// next waiting sender in.
 #[tokio::test(start_paused = true)]
 async fn room_for_two_wakes_two_in_turn() {
@@ -100,7 +104,7 @@ async fn room_for_two_wakes_two_in_turn() {
     assert_eq!(rx.try_recv(), Ok(vec![("b", vec![2]), ("c", vec![3])]));
 }
 
-/// Rule 7: `try_send` says `Full` while earlier `send`s wait, even when there is room.
+/// Limits: `try_send` says `Full` while earlier `send`s wait, even when there is room.
 #[tokio::test(start_paused = true)]
 async fn try_send_full_while_senders_wait() {
     let (tx, mut rx) = timed::Builder::new(Duration::ZERO).capacity(1).build();
@@ -120,8 +124,8 @@ async fn try_send_full_while_senders_wait() {
     tx.try_send("b", 9).unwrap();
 }
 
-/// Rule 2: a value that waited for room gets its window from when it went in, not from when
-/// `send` was called.
+/// When a key is due: a value that waited for room gets its window from when it went in, not
+/// from when `send` was called.
 #[tokio::test(start_paused = true)]
 async fn window_starts_after_wait() {
     let (tx, mut rx) = timed::Builder::new(WINDOW).capacity(1).build();
@@ -137,7 +141,7 @@ async fn window_starts_after_wait() {
     assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
 }
 
-/// Rule 7: requeue is always accepted at once, may take pending past the capacity, and
+/// Limits: requeue is always accepted at once, may take pending past the capacity, and
 /// waiting senders stay waiting until pending drops below it.
 #[tokio::test(start_paused = true)]
 async fn requeue_exceeds_capacity() {
@@ -164,7 +168,7 @@ async fn requeue_exceeds_capacity() {
     assert_eq!(rx.len(), 2);
 }
 
-/// Rule 7: requeue into an `ordered` channel also ignores the bound.
+/// Limits: requeue into an `ordered` channel also ignores the bound.
 #[test]
 fn requeue_exceeds_capacity_ordered() {
     let (tx, mut rx) = ordered::Builder::new().capacity(1).build();
@@ -175,7 +179,7 @@ fn requeue_exceeds_capacity_ordered() {
     assert_eq!(rx.try_recv(), Ok(vec![("b", vec![2, 3]), ("a", vec![1])]));
 }
 
-/// Rule 7: a cancelled waiting send at the head passes its turn on, and its value is not sent.
+/// Limits: a cancelled waiting send at the head passes its turn on, and its value is not sent.
 #[tokio::test(start_paused = true)]
 async fn cancelled_send_passes_turn() {
     let (tx, mut rx) = timed::Builder::new(Duration::ZERO).capacity(1).build();
@@ -195,7 +199,7 @@ async fn cancelled_send_passes_turn() {
     assert!(rx.is_empty());
 }
 
-/// Rule 7: cancelling a send in the middle of the line removes it; the others keep order.
+/// Limits: cancelling a send in the middle of the line removes it; the others keep order.
 #[tokio::test(start_paused = true)]
 async fn cancelled_send_leaves_line() {
     let (tx, mut rx) = ordered::Builder::new().capacity(1).build();
@@ -216,7 +220,7 @@ async fn cancelled_send_leaves_line() {
     assert_eq!(rx.try_recv(), Ok(vec![("k", vec![3])]));
 }
 
-/// Rule 7: `blocking_send` blocks its thread while the channel is full and returns once a
+/// Limits: `blocking_send` blocks its thread while the channel is full and returns once a
 /// batch is taken.
 #[test]
 fn blocking_send_waits_for_room() {
@@ -244,7 +248,7 @@ fn blocking_send_waits_for_room() {
     assert_eq!(rx.try_recv(), Ok(vec![("b", vec![2])]));
 }
 
-/// Rule 7: the same holds for `ordered`: `try_send` hands the value back with `Full`, and
+/// Limits: the same holds for `ordered`: `try_send` hands the value back with `Full`, and
 /// `send` waits for room.
 #[tokio::test]
 async fn ordered_send_waits_for_room() {

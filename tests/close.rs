@@ -1,8 +1,9 @@
 //! Closing: by dropping every sender, by `close()`, or by dropping every receiver. What
 //! pending values do, what sends and requeues do afterwards, and who is woken.
 
+mod common;
+
 use std::sync::Arc;
-use std::time::Duration;
 
 use keyed_batch::error::{SendError, TryRecvError, TrySendError};
 use keyed_batch::{ordered, timed};
@@ -10,7 +11,7 @@ use tokio::time::{advance, Instant};
 use tokio_test::task;
 use tokio_test::{assert_pending, assert_ready};
 
-const HOUR: Duration = Duration::from_secs(3600);
+use common::time::{secs, HOUR};
 
 /// Sends one key with three values and two single keys, with `b` ranked before `a`.
 async fn fill(tx: &timed::Sender<&'static str, i32>) {
@@ -22,8 +23,8 @@ async fn fill(tx: &timed::Sender<&'static str, i32>) {
     tx.send("c", 20).await.unwrap();
 }
 
-/// Rule 6: dropping the last sender (not just one) makes everything due at once; batches keep
-/// `max_batch` and rank order, then the stream ends.
+/// Disconnection: dropping the last sender (not just one) makes everything due at once;
+/// batches keep `max_batch` and rank order, then the stream ends.
 #[tokio::test(start_paused = true)]
 async fn drop_senders_flushes() {
     let (tx, mut rx) = timed::Builder::new(HOUR).max_batch(2).build();
@@ -44,7 +45,7 @@ async fn drop_senders_flushes() {
     assert_eq!(Instant::now(), start);
 }
 
-/// Rule 6: `close()` flushes the same way while senders are still alive.
+/// Disconnection: `close()` flushes the same way while senders are still alive.
 #[tokio::test(start_paused = true)]
 async fn close_flushes() {
     let (tx, mut rx) = timed::Builder::new(HOUR).max_batch(2).build();
@@ -61,7 +62,7 @@ async fn close_flushes() {
     assert_eq!(Instant::now(), start);
 }
 
-/// Rule 6: after close, every `timed` send method fails and hands the value back.
+/// Disconnection: after close, every `timed` send method fails and hands the value back.
 #[tokio::test(start_paused = true)]
 async fn send_after_close_timed() {
     let (tx, rx) = timed::channel(HOUR);
@@ -77,7 +78,7 @@ async fn send_after_close_timed() {
     assert!(rx.is_empty());
 }
 
-/// Rule 6: after close, every `ordered` send method fails and hands the value back.
+/// Disconnection: after close, every `ordered` send method fails and hands the value back.
 #[tokio::test]
 async fn send_after_close_ordered() {
     let (tx, rx) = ordered::channel();
@@ -90,7 +91,7 @@ async fn send_after_close_ordered() {
     assert!(rx.is_empty());
 }
 
-/// Rule 6: `blocking_send` fails and hands the value back after `close()` or once every
+/// Disconnection: `blocking_send` fails and hands the value back after `close()` or once every
 /// receiver is gone (both flavours).
 #[test]
 fn blocking_send_after_close() {
@@ -109,7 +110,7 @@ fn blocking_send_after_close() {
     assert_eq!(tx.blocking_send(1, "a", 4), Err(SendError((1, "a", 4))));
 }
 
-/// Rule 6: dropping the last receiver (not just one) makes sends fail with the value.
+/// Disconnection: dropping the last receiver (not just one) makes sends fail with the value.
 #[tokio::test(start_paused = true)]
 async fn drop_receivers_timed() {
     let (tx, rx) = timed::channel(HOUR);
@@ -129,7 +130,7 @@ async fn drop_receivers_timed() {
     );
 }
 
-/// Rule 6: dropping the last receiver makes `ordered` sends fail with the value.
+/// Disconnection: dropping the last receiver makes `ordered` sends fail with the value.
 #[tokio::test]
 async fn drop_receivers_ordered() {
     let (tx, rx) = ordered::channel();
@@ -158,8 +159,8 @@ fn drop_receivers_drops_pending() {
     drop(tx);
 }
 
-/// Rule 6: a requeue after close but before the end joins the flush, in front of the key's
-/// other values.
+/// Disconnection: a requeue after close but before the end joins the flush, in front of the
+/// key's other values.
 #[tokio::test(start_paused = true)]
 async fn requeue_joins_flush() {
     let (tx, mut rx) = timed::Builder::new(HOUR).max_batch(2).build();
@@ -177,8 +178,8 @@ async fn requeue_joins_flush() {
     assert_eq!(rx.recv().await, None);
 }
 
-/// Rule 6: once `recv` has returned `None`, requeue fails and hands the values back, for
-/// this receiver and its clones (`timed`).
+/// Disconnection: once `recv` has returned `None`, requeue fails and hands the values back,
+/// for this receiver and its clones (`timed`).
 #[tokio::test(start_paused = true)]
 async fn requeue_after_end_timed() {
     let (tx, mut rx) = timed::channel::<&str, i32>(HOUR);
@@ -190,7 +191,7 @@ async fn requeue_after_end_timed() {
     assert!(rx.is_empty());
 }
 
-/// Rule 6: once `recv` has returned `None`, requeue fails and hands the values back
+/// Disconnection: once `recv` has returned `None`, requeue fails and hands the values back
 /// (`ordered`).
 #[tokio::test]
 async fn requeue_after_end_ordered() {
@@ -206,8 +207,8 @@ async fn requeue_after_end_ordered() {
     );
 }
 
-/// Rule 6: dropping the last sender wakes a receiver sleeping on a far deadline, which then
-/// gets the batch without waiting and then `None`.
+/// Disconnection: dropping the last sender wakes a receiver sleeping on a far deadline, which
+/// then gets the batch without waiting and then `None`.
 #[tokio::test(start_paused = true)]
 async fn drop_senders_wakes_receiver() {
     let (tx, mut rx) = timed::channel(HOUR);
@@ -223,7 +224,8 @@ async fn drop_senders_wakes_receiver() {
     assert_eq!(Instant::now(), start);
 }
 
-/// Rule 6: `close()` wakes every waiting receiver on an empty channel, and they see the end.
+/// Disconnection: `close()` wakes every waiting receiver on an empty channel, and they see the
+/// end.
 #[tokio::test(start_paused = true)]
 async fn close_wakes_receiver() {
     let (_tx, mut rx1) = timed::channel::<&str, i32>(HOUR);
@@ -242,7 +244,7 @@ async fn close_wakes_receiver() {
     assert_eq!(assert_ready!(r2.poll()), None);
 }
 
-/// Rule 6: `close()` wakes a sender waiting for room, which fails with its value.
+/// Disconnection: `close()` wakes a sender waiting for room, which fails with its value.
 #[tokio::test(start_paused = true)]
 async fn close_wakes_sender() {
     let (tx, rx) = timed::Builder::new(HOUR).capacity(1).build();
@@ -255,8 +257,8 @@ async fn close_wakes_sender() {
     assert_eq!(rx.len(), 1);
 }
 
-/// Rule 6: dropping the last receiver wakes a sender waiting for room, which fails with its
-/// value.
+/// Disconnection: dropping the last receiver wakes a sender waiting for room, which fails with
+/// its value.
 #[tokio::test]
 async fn drop_receivers_wakes_sender() {
     let (tx, rx) = ordered::Builder::new().capacity(1).build();
@@ -268,7 +270,8 @@ async fn drop_receivers_wakes_sender() {
     assert_eq!(assert_ready!(send.poll()), Err(SendError((2, "b", 2))));
 }
 
-/// Rule 7: a channel that is both closed and full reports `Closed`, not `Full`.
+/// Limits and Disconnection: a channel that is both closed and full reports `Closed`, not
+/// `Full`.
 #[test]
 fn closed_and_full_is_closed() {
     let (tx, rx) = timed::Builder::new(HOUR).capacity(1).build();
@@ -307,7 +310,7 @@ fn closed_waiters_are_woken_outside_the_lock() {
 
     let (done, finished) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let (tx, rx) = timed::channel::<u8, u8>(Duration::from_secs(1));
+        let (tx, rx) = timed::channel::<u8, u8>(secs(1));
         let peek = Arc::new(Peek {
             tx: tx.clone(),
             saw_closed: AtomicBool::new(false),
@@ -320,7 +323,7 @@ fn closed_waiters_are_woken_outside_the_lock() {
         let _ = done.send(peek.saw_closed.load(Ordering::SeqCst));
     });
     let saw_closed = finished
-        .recv_timeout(Duration::from_secs(10))
+        .recv_timeout(secs(10))
         .expect("dropping the receiver deadlocked in the closed() waker");
     assert!(saw_closed);
 }

@@ -6,10 +6,9 @@
 //!
 //! This binary counts allocations (`stats_alloc`) for the memory test.
 
+mod common;
+
 use std::alloc::System;
-use std::cell::Cell;
-use std::cmp::Ordering;
-use std::hash::{Hash, Hasher};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::pin;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -23,102 +22,13 @@ use tokio::time::{advance, Instant};
 use tokio_test::task;
 use tokio_test::{assert_pending, assert_ready};
 
+use common::time::{ms, paused_runtime, secs, HOUR};
+use common::touchy::{arm, disarm, panics, Touchy, TouchyRank, What};
+
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
-const MS10: Duration = Duration::from_millis(10);
-const HOUR: Duration = Duration::from_secs(3600);
-
-// ===== keys and sort keys whose user code panics on demand =====
-
-thread_local! {
-    /// The id whose `Hash`, `Eq`, `Ord` or `Clone` panics on this thread, if any.
-    static ARMED: Cell<Option<u32>> = const { Cell::new(None) };
-}
-
-fn arm(id: u32) {
-    ARMED.with(|armed| armed.set(Some(id)));
-}
-
-fn disarm() {
-    ARMED.with(|armed| armed.set(None));
-}
-
-fn armed(id: u32) -> bool {
-    ARMED.with(|armed| armed.get() == Some(id))
-}
-
-/// Whether `f` panicked.
-fn panics<T>(f: impl FnOnce() -> T) -> bool {
-    catch_unwind(AssertUnwindSafe(f)).is_err()
-}
-
-/// A key whose `Hash` panics while its id is armed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct HashBomb(u32);
-
-impl Hash for HashBomb {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        assert!(!armed(self.0), "Hash of key {} panics", self.0);
-        self.0.hash(state);
-    }
-}
-
-/// A key whose `Eq` panics comparing two copies of the armed id. (Comparing it with other
-/// keys does not panic: the table may do that on a partial hash match, at random.)
-#[derive(Clone, Debug)]
-struct EqBomb(u32);
-
-impl PartialEq for EqBomb {
-    fn eq(&self, other: &Self) -> bool {
-        assert!(!(armed(self.0) && armed(other.0)), "Eq of key panics");
-        self.0 == other.0
-    }
-}
-
-impl Eq for EqBomb {}
-
-impl Hash for EqBomb {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.0.hash(state);
-    }
-}
-
-/// A key whose `Clone` panics while its id is armed.
-#[derive(Debug, PartialEq, Eq, Hash)]
-struct CloneBomb(u32);
-
-impl Clone for CloneBomb {
-    fn clone(&self) -> Self {
-        assert!(!armed(self.0), "Clone of key {} panics", self.0);
-        CloneBomb(self.0)
-    }
-}
-
-/// A sort key whose `Ord` panics while its value is armed.
-#[derive(Clone, Debug)]
-struct OrdBomb(u32);
-
-impl Ord for OrdBomb {
-    fn cmp(&self, other: &Self) -> Ordering {
-        assert!(!armed(self.0) && !armed(other.0), "Ord of sort key panics");
-        self.0.cmp(&other.0)
-    }
-}
-
-impl PartialOrd for OrdBomb {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl PartialEq for OrdBomb {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-
-impl Eq for OrdBomb {}
+const MS10: Duration = ms(10);
 
 /// A batch as `(key id, value)` pairs, in order.
 fn flat<K, V: Copy>(batches: &[Batch<K, V>], id: impl Fn(&K) -> u32) -> Vec<(u32, V)> {
@@ -137,23 +47,23 @@ fn flat<K, V: Copy>(batches: &[Batch<K, V>], id: impl Fn(&K) -> u32) -> Vec<(u32
 /// `Hash` does. Nothing else is lost.
 #[tokio::test(start_paused = true)]
 async fn hash_panic_leaves_channel_usable() {
-    let (tx, rx) = timed::channel::<HashBomb, u32>(MS10);
+    let (tx, rx) = timed::channel::<Touchy, u32>(MS10);
     let mut rx2 = rx.clone();
     let mut waiting = task::spawn(async move { rx2.recv().await });
     assert_pending!(waiting.poll());
-    tx.try_send(HashBomb(1), 10).unwrap();
-    tx.try_send(HashBomb(7), 70).unwrap();
+    tx.try_send(Touchy(1), 10).unwrap();
+    tx.try_send(Touchy(7), 70).unwrap();
 
-    arm(7);
-    assert!(panics(|| tx.try_send(HashBomb(7), 71)));
-    assert!(panics(|| tx.blocking_send(HashBomb(7), 72)));
-    assert!(panics(|| rx.requeue(HashBomb(7), vec![73])));
+    arm(7, &[What::Hash]);
+    assert!(panics(|| tx.try_send(Touchy(7), 71)));
+    assert!(panics(|| tx.blocking_send(Touchy(7), 72)));
+    assert!(panics(|| rx.requeue(Touchy(7), vec![73])));
     let tx2 = tx.clone();
-    let spawned = tokio::spawn(async move { tx2.send(HashBomb(7), 74).await }).await;
+    let spawned = tokio::spawn(async move { tx2.send(Touchy(7), 74).await }).await;
     assert!(spawned.unwrap_err().is_panic());
     // Other keys work, and growing the table does not hash key 7.
     for id in 100..300 {
-        tx.try_send(HashBomb(id), id).unwrap();
+        tx.try_send(Touchy(id), id).unwrap();
     }
     assert_eq!((rx.len(), rx.key_count()), (202, 202));
 
@@ -161,15 +71,15 @@ async fn hash_panic_leaves_channel_usable() {
     advance(MS10).await;
     assert!(waiting.is_woken());
     let batch = assert_ready!(waiting.poll()).unwrap();
-    let mut want = vec![(HashBomb(1), vec![10]), (HashBomb(7), vec![70])];
-    want.extend((100..300).map(|id| (HashBomb(id), vec![id])));
+    let mut want = vec![(Touchy(1), vec![10]), (Touchy(7), vec![70])];
+    want.extend((100..300).map(|id| (Touchy(id), vec![id])));
     assert_eq!(batch, want);
 
     disarm();
-    tx.try_send(HashBomb(7), 75).unwrap();
+    tx.try_send(Touchy(7), 75).unwrap();
     drop(tx);
     let mut rx = rx;
-    assert_eq!(rx.recv().await, Some(vec![(HashBomb(7), vec![75])]));
+    assert_eq!(rx.recv().await, Some(vec![(Touchy(7), vec![75])]));
     assert_eq!(rx.recv().await, None);
 }
 
@@ -177,21 +87,21 @@ async fn hash_panic_leaves_channel_usable() {
 /// its pending values and every other key are intact, and it works again afterwards.
 #[tokio::test(start_paused = true)]
 async fn eq_panic_leaves_channel_usable() {
-    let (tx, mut rx) = timed::channel::<EqBomb, u32>(MS10);
-    tx.try_send(EqBomb(1), 10).unwrap();
-    tx.try_send(EqBomb(7), 70).unwrap();
-    tx.try_send(EqBomb(2), 20).unwrap();
+    let (tx, mut rx) = timed::channel::<Touchy, u32>(MS10);
+    tx.try_send(Touchy(1), 10).unwrap();
+    tx.try_send(Touchy(7), 70).unwrap();
+    tx.try_send(Touchy(2), 20).unwrap();
 
-    arm(7);
-    assert!(panics(|| tx.try_send(EqBomb(7), 71)));
-    assert!(panics(|| rx.requeue(EqBomb(7), vec![72])));
+    arm(7, &[What::Eq]);
+    assert!(panics(|| tx.try_send(Touchy(7), 71)));
+    assert!(panics(|| rx.requeue(Touchy(7), vec![72])));
     let tx2 = tx.clone();
-    let spawned = tokio::spawn(async move { tx2.send(EqBomb(7), 73).await }).await;
+    let spawned = tokio::spawn(async move { tx2.send(Touchy(7), 73).await }).await;
     assert!(spawned.unwrap_err().is_panic());
     for id in 100..300 {
-        tx.try_send(EqBomb(id), id).unwrap();
+        tx.try_send(Touchy(id), id).unwrap();
     }
-    tx.try_send(EqBomb(1), 11).unwrap();
+    tx.try_send(Touchy(1), 11).unwrap();
     assert_eq!((rx.len(), rx.key_count()), (204, 203));
 
     advance(MS10).await;
@@ -202,19 +112,19 @@ async fn eq_panic_leaves_channel_usable() {
     assert_eq!(ids, want);
 
     disarm();
-    tx.try_send(EqBomb(7), 74).unwrap();
-    tx.try_send(EqBomb(7), 75).unwrap();
+    tx.try_send(Touchy(7), 74).unwrap();
+    tx.try_send(Touchy(7), 75).unwrap();
     advance(MS10).await;
     let got = rx.try_recv().unwrap();
     assert_eq!(got.len(), 1);
     assert_eq!((got[0].0 .0, got[0].1.clone()), (7, vec![74, 75]));
 }
 
-/// Drains an `ordered` channel of `OrdBomb` sort keys with nothing armed, after the batches
+/// Drains an `ordered` channel of `TouchyRank` sort keys with nothing armed, after the batches
 /// taken while armed, and checks the values against `want`. The value of a call that
 /// panicked (`maybe`) may have gone in or not, but at most once.
 fn check_drain(
-    rx: &mut ordered::Receiver<OrdBomb, u32, u32>,
+    rx: &mut ordered::Receiver<TouchyRank, u32, u32>,
     mut batches: Vec<Batch<u32, u32>>,
     want: &[(u32, u32)],
     maybe: (u32, u32),
@@ -238,10 +148,10 @@ fn ord_panic_leaves_channel_usable() {
     let setup = |max_batch: usize| {
         let (tx, rx) = ordered::Builder::new()
             .max_batch(max_batch)
-            .build::<OrdBomb, u32, u32>();
+            .build::<TouchyRank, u32, u32>();
         // Falling ranks: all but the first go into the heap.
         for (rank, key) in [(50, 1), (40, 2), (30, 3), (20, 4), (10, 5)] {
-            tx.try_send(OrdBomb(rank), key, key * 10).unwrap();
+            tx.try_send(TouchyRank(rank), key, key * 10).unwrap();
         }
         (tx, rx)
     };
@@ -249,20 +159,20 @@ fn ord_panic_leaves_channel_usable() {
 
     // Lowering the rank of the key ranked 30.
     let (tx, mut rx) = setup(10);
-    arm(30);
-    assert!(panics(|| tx.try_send(OrdBomb(25), 3, 31)));
+    arm(30, &[What::Ord]);
+    assert!(panics(|| tx.try_send(TouchyRank(25), 3, 31)));
     check_drain(&mut rx, Vec::new(), &all, (3, 31));
 
     // Pushing a new smallest rank into the heap: it is compared with the heap's top, 10.
     let (tx, mut rx) = setup(10);
-    arm(10);
-    assert!(panics(|| tx.try_send(OrdBomb(5), 9, 90)));
+    arm(10, &[What::Ord]);
+    assert!(panics(|| tx.try_send(TouchyRank(5), 9, 90)));
     check_drain(&mut rx, Vec::new(), &all, (9, 90));
 
     // Taking batches: heap pops compare 30 with its neighbours. Batches taken before the
     // panic are kept; once `Ord` works again, the index is repaired and nothing is lost.
     let (tx, mut rx) = setup(2);
-    arm(30);
+    arm(30, &[What::Ord]);
     let mut batches = Vec::new();
     let mut failed = false;
     while !failed {
@@ -274,7 +184,7 @@ fn ord_panic_leaves_channel_usable() {
     }
     assert!(failed, "no try_recv compared the armed rank");
     disarm();
-    tx.try_send(OrdBomb(60), 6, 60).unwrap();
+    tx.try_send(TouchyRank(60), 6, 60).unwrap();
     let mut want = all.to_vec();
     want.push((6, 60));
     check_drain(&mut rx, batches, &want, (0, 0));
@@ -284,18 +194,18 @@ fn ord_panic_leaves_channel_usable() {
 /// gives up its place, and the next waiting receiver is woken and gets the batch.
 #[tokio::test]
 async fn ord_panic_in_recv_hands_over() {
-    let (tx, rx) = ordered::channel::<OrdBomb, u32, u32>();
+    let (tx, rx) = ordered::channel::<TouchyRank, u32, u32>();
     let (mut rx_a, mut rx_b) = (rx.clone(), rx);
     let mut a = task::spawn(async move { rx_a.recv().await });
     let mut b = task::spawn(async move { rx_b.recv().await });
     assert_pending!(a.poll());
     assert_pending!(b.poll());
-    tx.try_send(OrdBomb(30), 3, 30).unwrap();
+    tx.try_send(TouchyRank(30), 3, 30).unwrap();
     assert!(a.is_woken());
-    tx.try_send(OrdBomb(20), 2, 20).unwrap();
-    tx.try_send(OrdBomb(10), 1, 10).unwrap();
+    tx.try_send(TouchyRank(20), 2, 20).unwrap();
+    tx.try_send(TouchyRank(10), 1, 10).unwrap();
 
-    arm(20);
+    arm(20, &[What::Ord]);
     assert!(panics(|| a.poll()));
     drop(a);
     assert!(b.is_woken(), "the next receiver was not woken");
@@ -311,18 +221,18 @@ async fn ord_panic_in_recv_hands_over() {
 fn clone_panic_on_split_loses_nothing() {
     let (tx, mut rx) = ordered::Builder::new()
         .max_batch(2)
-        .build::<u32, CloneBomb, u32>();
-    tx.try_send(1, CloneBomb(7), 1).unwrap();
-    tx.try_send(1, CloneBomb(7), 2).unwrap();
-    tx.try_send(1, CloneBomb(7), 3).unwrap();
-    tx.try_send(2, CloneBomb(8), 4).unwrap();
-    arm(7);
+        .build::<u32, Touchy, u32>();
+    tx.try_send(1, Touchy(7), 1).unwrap();
+    tx.try_send(1, Touchy(7), 2).unwrap();
+    tx.try_send(1, Touchy(7), 3).unwrap();
+    tx.try_send(2, Touchy(8), 4).unwrap();
+    arm(7, &[What::Clone]);
     assert!(panics(|| rx.try_recv()));
     assert_eq!(rx.len(), 4);
     assert_eq!(rx.stats().delivered_by.due, 0, "a panic delivers nothing");
     disarm();
-    assert_eq!(rx.try_recv(), Ok(vec![(CloneBomb(7), vec![1, 2, 3])]));
-    assert_eq!(rx.try_recv(), Ok(vec![(CloneBomb(8), vec![4])]));
+    assert_eq!(rx.try_recv(), Ok(vec![(Touchy(7), vec![1, 2, 3])]));
+    assert_eq!(rx.try_recv(), Ok(vec![(Touchy(8), vec![4])]));
     assert_eq!(rx.stats().delivered_by.due, 2);
 }
 
@@ -333,20 +243,20 @@ fn clone_panic_on_split_loses_nothing() {
 fn clone_that_always_panics_does_not_wedge_the_channel() {
     let (tx, mut rx) = timed::Builder::new(Duration::ZERO)
         .max_batch(2)
-        .build::<CloneBomb, u32>();
+        .build::<Touchy, u32>();
     for v in 0..5 {
-        tx.try_send(CloneBomb(7), v).unwrap();
+        tx.try_send(Touchy(7), v).unwrap();
     }
-    tx.try_send(CloneBomb(8), 10).unwrap();
-    tx.try_send(CloneBomb(9), 20).unwrap();
-    arm(7);
+    tx.try_send(Touchy(8), 10).unwrap();
+    tx.try_send(Touchy(9), 20).unwrap();
+    arm(7, &[What::Clone]);
     assert!(panics(|| rx.try_recv()));
     assert_eq!(rx.stats().delivered, 0);
     assert_eq!(rx.stats().delivered_by.due, 0);
-    assert_eq!(rx.try_recv(), Ok(vec![(CloneBomb(7), vec![0, 1, 2, 3, 4])]));
+    assert_eq!(rx.try_recv(), Ok(vec![(Touchy(7), vec![0, 1, 2, 3, 4])]));
     assert_eq!(
         rx.try_recv(),
-        Ok(vec![(CloneBomb(8), vec![10]), (CloneBomb(9), vec![20])])
+        Ok(vec![(Touchy(8), vec![10]), (Touchy(9), vec![20])])
     );
     rx.close();
     assert_eq!(rx.try_recv(), Err(TryRecvError::Disconnected));
@@ -363,21 +273,18 @@ fn clone_that_always_panics_does_not_wedge_the_channel() {
 async fn clone_panic_then_drain_and_recv_make_progress() {
     let (tx, mut rx) = timed::Builder::new(Duration::from_secs(60))
         .max_batch(1)
-        .build::<CloneBomb, u32>();
-    tx.try_send(CloneBomb(7), 1).unwrap();
-    tx.try_send(CloneBomb(7), 2).unwrap();
-    tx.try_send(CloneBomb(8), 3).unwrap();
-    arm(7);
+        .build::<Touchy, u32>();
+    tx.try_send(Touchy(7), 1).unwrap();
+    tx.try_send(Touchy(7), 2).unwrap();
+    tx.try_send(Touchy(8), 3).unwrap();
+    arm(7, &[What::Clone]);
     assert!(panics(|| rx.drain_now()));
     assert_eq!(
         rx.drain_now(),
-        vec![
-            vec![(CloneBomb(7), vec![1, 2])],
-            vec![(CloneBomb(8), vec![3])]
-        ]
+        vec![vec![(Touchy(7), vec![1, 2])], vec![(Touchy(8), vec![3])]]
     );
-    tx.try_send(CloneBomb(7), 4).unwrap();
-    tx.try_send(CloneBomb(7), 5).unwrap();
+    tx.try_send(Touchy(7), 4).unwrap();
+    tx.try_send(Touchy(7), 5).unwrap();
     drop(tx);
     // A new run of the key: splitting is tried again, panics once, then it goes whole.
     let recv = tokio::spawn(async move {
@@ -388,7 +295,7 @@ async fn clone_panic_then_drain_and_recv_make_progress() {
     let (panicked, whole, end) = recv.await.unwrap();
     disarm();
     assert!(panicked);
-    assert_eq!(whole, Some(vec![(CloneBomb(7), vec![4, 5])]));
+    assert_eq!(whole, Some(vec![(Touchy(7), vec![4, 5])]));
     assert_eq!(end, None);
 }
 
@@ -595,7 +502,7 @@ async fn consumer_panic_does_not_stop_others() {
     tokio::task::yield_now().await;
     for key in 0..20 {
         tx.send(key, key * 10).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(3)).await;
+        tokio::time::sleep(ms(3)).await;
     }
     drop(tx);
     assert!(bad.await.unwrap_err().is_panic());
@@ -616,7 +523,7 @@ fn on_thread(name: &str, f: impl FnOnce() + Send + 'static) {
         let _ = done.send(ok);
     });
     let ok = finished
-        .recv_timeout(Duration::from_secs(20))
+        .recv_timeout(secs(20))
         .unwrap_or_else(|_| panic!("{name}: hung"));
     assert!(ok, "{name}: panicked");
 }
@@ -663,15 +570,6 @@ fn runtime_drop_while_send_waits() {
             tx.try_send(3, tracker.make(3)).unwrap();
         });
     }
-}
-
-/// A paused current-thread runtime.
-fn paused_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap()
 }
 
 /// Dropping the runtime while a receiver waits on its deadline timer neither hangs nor
@@ -892,9 +790,9 @@ async fn send_vs_taking_last_due_key() {
     tx.send(3, 3).await.unwrap();
     assert!(recv.is_woken());
     assert_pending!(recv.poll());
-    advance(MS10 - Duration::from_millis(1)).await;
+    advance(MS10 - ms(1)).await;
     assert!(!recv.is_woken());
-    advance(Duration::from_millis(1)).await;
+    advance(ms(1)).await;
     assert!(recv.is_woken());
     assert_eq!(assert_ready!(recv.poll()), Some(vec![(3, vec![3])]));
     drop(recv);

@@ -1,6 +1,8 @@
 //! Flush on demand: `timed::Sender::flush` and `flush_all`, and `Receiver::drain_now` in
 //! both flavours.
 
+mod common;
+
 use std::time::Duration;
 
 use keyed_batch::error::{TryRecvError, TrySendError};
@@ -9,8 +11,9 @@ use tokio::time::{advance, Instant};
 use tokio_test::task;
 use tokio_test::{assert_pending, assert_ready_eq, assert_ready_ok};
 
-const WINDOW: Duration = Duration::from_secs(60);
-const MS: Duration = Duration::from_millis(1);
+use common::time::{ms, secs};
+
+const WINDOW: Duration = secs(60);
 
 // ===== flush =====
 
@@ -36,7 +39,7 @@ async fn flush_makes_only_that_key_due() {
 async fn flush_wakes_waiting_receiver() {
     let (tx, mut rx) = timed::channel(WINDOW);
     tx.send("a", 1).await.unwrap();
-    advance(Duration::from_secs(1)).await;
+    advance(secs(1)).await;
     tx.send("b", 2).await.unwrap();
     let start = Instant::now();
     {
@@ -47,7 +50,7 @@ async fn flush_wakes_waiting_receiver() {
         assert_ready_eq!(recv.poll(), Some(vec![("b", vec![2])]));
     }
     assert_eq!(rx.recv().await, Some(vec![("a", vec![1])]));
-    assert_eq!(Instant::now(), start + WINDOW - Duration::from_secs(1));
+    assert_eq!(Instant::now(), start + WINDOW - secs(1));
 }
 
 /// `flush` of a key that has no pending value does nothing: no wake-up, and a value sent
@@ -65,9 +68,9 @@ async fn flush_missing_key_does_nothing() {
     }
     tx.send("zz", 2).await.unwrap();
     assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
-    advance(WINDOW - MS).await;
+    advance(WINDOW - ms(1)).await;
     assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
-    advance(MS).await;
+    advance(ms(1)).await;
     assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1]), ("zz", vec![2])]));
 }
 
@@ -77,7 +80,7 @@ async fn flush_keeps_earlier_due_key_first() {
     let (tx, mut rx) = timed::channel(WINDOW);
     tx.send("a", 1).await.unwrap();
     tx.send_by("b", 2, Instant::now()).await.unwrap();
-    advance(MS).await;
+    advance(ms(1)).await;
     tx.flush(&"a");
     tx.flush(&"b"); // already due earlier: no change
     assert_eq!(rx.try_recv(), Ok(vec![("b", vec![2]), ("a", vec![1])]));
@@ -106,7 +109,7 @@ async fn flush_all_makes_pending_due_not_later_keys() {
         .await
         .unwrap();
     tx.send("early", 2).await.unwrap();
-    advance(MS).await;
+    advance(ms(1)).await;
     tx.flush_all();
     tx.send("after", 3).await.unwrap();
     assert_eq!(
@@ -114,9 +117,9 @@ async fn flush_all_makes_pending_due_not_later_keys() {
         Ok(vec![("late", vec![1]), ("early", vec![2])])
     );
     assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
-    advance(WINDOW - MS).await;
+    advance(WINDOW - ms(1)).await;
     assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
-    advance(MS).await;
+    advance(ms(1)).await;
     assert_eq!(rx.try_recv(), Ok(vec![("after", vec![3])]));
 }
 
@@ -159,7 +162,7 @@ async fn drain_now_takes_everything_timed() {
     tx.send("a", 1).await.unwrap();
     tx.send("b", 2).await.unwrap();
     tx.send("a", 3).await.unwrap();
-    tx.send_by("c", 4, Instant::now() + MS).await.unwrap();
+    tx.send_by("c", 4, Instant::now() + ms(1)).await.unwrap();
     assert_eq!(
         rx.drain_now(),
         vec![

@@ -3,6 +3,8 @@
 //!
 //! Values here are `usize`s that weigh what they are, so `4` weighs 4.
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +15,9 @@ use tokio::time::{advance, Instant};
 use tokio_test::task;
 use tokio_test::{assert_pending, assert_ready, assert_ready_eq, assert_ready_ok};
 
-const WINDOW: Duration = Duration::from_secs(10);
+use common::time::{ms, secs};
+
+const WINDOW: Duration = secs(10);
 
 /// The weigher used throughout: a value weighs itself.
 fn weight(v: &usize) -> usize {
@@ -227,9 +231,9 @@ async fn key_weight_makes_key_due() {
     assert_eq!(rx.try_recv(), Ok(vec![("b", vec![12])]));
 
     tx.send("c", 3).await.unwrap();
-    advance(WINDOW - Duration::from_millis(1)).await;
+    advance(WINDOW - ms(1)).await;
     assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
-    advance(Duration::from_millis(1)).await;
+    advance(ms(1)).await;
     assert_eq!(rx.try_recv(), Ok(vec![("c", vec![3])]));
 }
 
@@ -325,7 +329,7 @@ async fn max_weight_send_waits_timed() {
     tx.send("a", 4).await.unwrap();
     let mut send = task::spawn(tx.send("b", 3));
     assert_pending!(send.poll());
-    advance(WINDOW - Duration::from_millis(1)).await;
+    advance(WINDOW - ms(1)).await;
     assert!(!send.is_woken());
 
     assert_eq!(rx.recv().await, Some(vec![("a", vec![6])]));

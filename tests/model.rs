@@ -16,6 +16,8 @@
 //! KEYED_BATCH_CASES=50000 cargo test --release --test model
 //! ```
 
+mod common;
+
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::fmt::Debug;
@@ -26,11 +28,14 @@ use std::time::Duration;
 use futures::future::LocalBoxFuture;
 use keyed_batch::error::{SendError, TryRecvError, TrySendError};
 use keyed_batch::queue::SortedQueue;
-use keyed_batch::{builder, ordered, timed, Batch};
+use keyed_batch::{ordered, Batch};
 use proptest::prelude::*;
 use proptest::test_runner::Config as ProptestConfig;
 use tokio::time::Instant;
 use tokio_test::task::{spawn, Spawn};
+
+use common::flavour::{Due, Flavour, Limits, Ordered, Timed, Weigher};
+use common::time::{ms, paused_runtime};
 
 type K = u8;
 type V = u32;
@@ -80,8 +85,7 @@ impl<R: Ord + Copy> Model<R> {
     }
 
     fn weigh(&self, value: V) -> usize {
-        self.weights
-            .map_or(1, |table| table[value as usize % table.len()])
+        self.weights.map_or(1, |table| weigh(table, value))
     }
 
     fn len(&self) -> usize {
@@ -377,68 +381,18 @@ proptest! {
 
 // ===== channels =====
 
-/// Builder limits; `None` leaves a limit off.
-#[derive(Clone, Copy, Debug)]
-struct Limits {
-    max_batch: Option<usize>,
-    capacity: Option<usize>,
-    per_key: Option<usize>,
-    /// The weigher's table (see [`Model::weigh`]); `None`: no weigher, every value weighs 1.
-    weights: Option<&'static [usize]>,
-    max_batch_weight: Option<usize>,
-    max_weight: Option<usize>,
-    max_keys: Option<usize>,
-    key_weight: Option<usize>,
+/// The weigher's table: value `v` weighs `table[v % table.len()]`. `None`: no weigher,
+/// every value weighs 1.
+type Weights = Option<&'static [usize]>;
+
+/// What `value` weighs under `table`.
+fn weigh(table: &[usize], value: V) -> usize {
+    table[value as usize % table.len()]
 }
 
-impl Limits {
-    fn max_batch(&self) -> usize {
-        self.max_batch.unwrap_or(usize::MAX)
-    }
-
-    fn capacity(&self) -> usize {
-        self.capacity.unwrap_or(usize::MAX)
-    }
-
-    fn per_key(&self) -> usize {
-        self.per_key.unwrap_or(usize::MAX)
-    }
-
-    fn max_batch_weight(&self) -> usize {
-        self.max_batch_weight.unwrap_or(usize::MAX)
-    }
-
-    fn max_weight(&self) -> usize {
-        self.max_weight.unwrap_or(usize::MAX)
-    }
-
-    fn max_keys(&self) -> usize {
-        self.max_keys.unwrap_or(usize::MAX)
-    }
-
-    fn key_weight(&self) -> usize {
-        self.key_weight.unwrap_or(usize::MAX)
-    }
-
-    /// Sets the limits both flavours have.
-    fn apply<F, W>(&self, mut builder: builder::Builder<F, W>) -> builder::Builder<F, W> {
-        if let Some(n) = self.max_batch {
-            builder = builder.max_batch(n);
-        }
-        if let Some(n) = self.capacity {
-            builder = builder.capacity(n);
-        }
-        if let Some(n) = self.max_batch_weight {
-            builder = builder.max_batch_weight(n);
-        }
-        if let Some(n) = self.max_weight {
-            builder = builder.max_weight(n);
-        }
-        if let Some(n) = self.max_keys {
-            builder = builder.max_keys(n);
-        }
-        builder
-    }
+/// The builder's weigher for `weights`.
+fn weigher(weights: Weights) -> Option<Weigher<V>> {
+    weights.map(|table| Box::new(move |v: &V| weigh(table, *v)) as Weigher<V>)
 }
 
 /// Weigher tables: value `v` weighs `table[v % table.len()]`. Values are numbered in
@@ -446,8 +400,9 @@ impl Limits {
 /// smaller caps, so that heavy values go out alone and wait for an empty channel.
 const WEIGHTS: [&[usize]; 3] = [&[1, 2, 3, 4, 0], &[0, 0, 1], &[2, 1, 9, 0, 1, 5]];
 
-/// Limits, small so that they are reached often. `timed` also gets the per-key limits.
-fn limits(timed: bool) -> impl Strategy<Value = Limits> {
+/// Limits, small so that they are reached often, and weights. `timed` also gets the per-key
+/// limits.
+fn limits(timed: bool) -> impl Strategy<Value = (Limits, Weights)> {
     let per_key = |range: std::ops::Range<usize>| match timed {
         true => prop::option::of(range).boxed(),
         false => Just(None).boxed(),
@@ -468,15 +423,17 @@ fn limits(timed: bool) -> impl Strategy<Value = Limits> {
         |(
             (max_batch, capacity, per_key),
             (weights, max_batch_weight, max_weight, max_keys, key_weight),
-        )| Limits {
-            max_batch,
-            capacity,
-            per_key,
-            weights,
-            max_batch_weight,
-            max_weight,
-            max_keys,
-            key_weight,
+        )| {
+            let limits = Limits {
+                max_batch,
+                capacity,
+                per_key,
+                max_batch_weight,
+                max_weight,
+                max_keys,
+                key_weight,
+            };
+            (limits, weights)
         },
     )
 }
@@ -590,21 +547,32 @@ type Fut<T> = LocalBoxFuture<'static, T>;
 /// A `recv` future on a mock task.
 type RecvTask = Spawn<Fut<Option<Batch<K, V>>>>;
 
-/// One channel flavour, as the harness drives it and the model ranks it.
-trait Flavour {
+/// A `send` future that owns its sender.
+fn send<F: Modelled>(
+    tx: F::Tx,
+    arg: F::Arg,
+    key: K,
+    value: V,
+) -> Fut<Result<(), SendError<F::Item>>> {
+    Box::pin(async move { F::send(&tx, arg, key, value).await })
+}
+
+/// A `recv` future on a shared receiver.
+// The borrow is held across the await on purpose: the future owns the receiver's use
+// until it completes or is dropped, and the harness touches only idle receivers.
+#[allow(clippy::await_holding_refcell_ref)]
+fn recv<F: Modelled>(rx: Rc<RefCell<F::Rx>>) -> Fut<Option<Batch<K, V>>> {
+    Box::pin(async move { F::recv(&mut rx.borrow_mut()).await })
+}
+
+/// A channel flavour as the model ranks it. Times are in milliseconds since `base`, when the
+/// case began.
+trait Modelled: Flavour<K, V> + 'static {
     /// The model's rank.
     type Rank: Ord + Copy + Debug;
-    /// A send's input, fixed when the call is made.
-    type Arg: Copy + Debug;
-    /// What a refused send hands back.
-    type Item: PartialEq + Debug;
-    /// What a refused requeue hands back.
-    type Back: PartialEq + Debug;
-    type Tx: Clone + 'static;
-    type Rx: Clone + 'static;
 
-    fn build(&self, limits: &Limits) -> (Self::Tx, Self::Rx);
-    fn arg(&self, input: u8, plain: bool, now: u64) -> Self::Arg;
+    /// A send's argument, fixed when the call is made, from an operation's `input`.
+    fn arg(&self, input: u8, plain: bool, now: u64, base: Instant) -> Self::Arg;
     /// The rank of a value that enters at `now`, its key then holding `key_len` values of
     /// total weight `key_weight`.
     fn rank(
@@ -614,38 +582,10 @@ trait Flavour {
         key_len: usize,
         key_weight: usize,
         limits: &Limits,
+        base: Instant,
     ) -> Self::Rank;
     fn requeue_rank(&self, arg: Self::Arg, now: u64) -> Self::Rank;
     fn is_due(rank: &Self::Rank, now: u64) -> bool;
-    fn item(arg: Self::Arg, key: K, value: V) -> Self::Item;
-    fn back(arg: Self::Arg, key: K, values: Vec<V>) -> Self::Back;
-    fn try_send(
-        &self,
-        tx: &Self::Tx,
-        arg: Self::Arg,
-        key: K,
-        value: V,
-    ) -> Result<(), TrySendError<Self::Item>>;
-    fn send(
-        &self,
-        tx: Self::Tx,
-        arg: Self::Arg,
-        key: K,
-        value: V,
-    ) -> Fut<Result<(), SendError<Self::Item>>>;
-    fn requeue(
-        rx: &Self::Rx,
-        arg: Self::Arg,
-        key: K,
-        values: Vec<V>,
-    ) -> Result<(), SendError<Self::Back>>;
-    fn recv(rx: Rc<RefCell<Self::Rx>>) -> Fut<Option<Batch<K, V>>>;
-    fn try_recv(rx: &mut Self::Rx) -> Result<Batch<K, V>, TryRecvError>;
-    fn close(rx: &Self::Rx);
-    /// `len`, `key_count` and `is_closed` of a receiver.
-    fn rx_state(rx: &Self::Rx) -> (usize, usize, bool);
-    /// `len` and `is_closed` of a sender.
-    fn tx_state(tx: &Self::Tx) -> (usize, bool);
     /// The receiver's `next_deadline`, and what the model says it is, given the front rank
     /// and when the channel closed.
     fn deadlines(
@@ -653,63 +593,39 @@ trait Flavour {
         rx: &Self::Rx,
         front: Option<Self::Rank>,
         closed_at: Option<u64>,
+        base: Instant,
     ) -> (Option<Instant>, Option<Instant>);
 }
 
-/// `timed`: ranks are deadlines, in milliseconds since the case began.
-struct Timed {
-    window: u64,
-    base: Instant,
+/// A duration in whole milliseconds.
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).expect("a test duration fits in u64 milliseconds")
 }
 
-#[derive(Clone, Copy, Debug)]
-enum Due {
-    Window,
-    By(u64),
-}
-
-impl Timed {
-    fn at(&self, ms: u64) -> Instant {
-        self.base + Duration::from_millis(ms)
-    }
-}
-
-impl Flavour for Timed {
+/// `timed`: ranks are deadlines.
+impl Modelled for Timed {
     type Rank = u64;
-    type Arg = Due;
-    type Item = (K, V);
-    type Back = (K, Vec<V>);
-    type Tx = timed::Sender<K, V>;
-    type Rx = timed::Receiver<K, V>;
 
-    fn build(&self, limits: &Limits) -> (Self::Tx, Self::Rx) {
-        let mut builder = limits.apply(timed::Builder::new(Duration::from_millis(self.window)));
-        if let Some(n) = limits.per_key {
-            builder = builder.max_values_per_key(n);
-        }
-        if let Some(n) = limits.key_weight {
-            builder = builder.max_key_weight(n);
-        }
-        match limits.weights {
-            None => builder.build(),
-            Some(table) => builder
-                .weigher(move |v: &V| table[*v as usize % table.len()])
-                .build(),
-        }
-    }
-
-    fn arg(&self, input: u8, plain: bool, now: u64) -> Due {
+    fn arg(&self, input: u8, plain: bool, now: u64, base: Instant) -> Due {
         match plain {
             true => Due::Window,
-            false => Due::By((now + u64::from(input)).saturating_sub(20)),
+            false => Due::By(base + ms((now + u64::from(input)).saturating_sub(20))),
         }
     }
 
-    fn rank(&self, due: Due, now: u64, key_len: usize, key_weight: usize, limits: &Limits) -> u64 {
+    fn rank(
+        &self,
+        due: Due,
+        now: u64,
+        key_len: usize,
+        key_weight: usize,
+        limits: &Limits,
+        base: Instant,
+    ) -> u64 {
         let deadline = match due {
-            Due::Window => now + self.window,
+            Due::Window => now + millis(self.window),
             // "By" is "at the latest": never later than the window.
-            Due::By(at) => at.min(now + self.window),
+            Due::By(at) => millis(at - base).min(now + millis(self.window)),
         };
         match key_len >= limits.per_key() || key_weight >= limits.key_weight() {
             true => deadline.min(now),
@@ -725,110 +641,28 @@ impl Flavour for Timed {
         *deadline <= now
     }
 
-    fn item(_: Due, key: K, value: V) -> (K, V) {
-        (key, value)
-    }
-
-    fn back(_: Due, key: K, values: Vec<V>) -> (K, Vec<V>) {
-        (key, values)
-    }
-
-    fn try_send(
-        &self,
-        tx: &Self::Tx,
-        due: Due,
-        key: K,
-        value: V,
-    ) -> Result<(), TrySendError<(K, V)>> {
-        match due {
-            Due::Window => tx.try_send(key, value),
-            Due::By(at) => tx.try_send_by(key, value, self.at(at)),
-        }
-    }
-
-    fn send(&self, tx: Self::Tx, due: Due, key: K, value: V) -> Fut<Result<(), SendError<(K, V)>>> {
-        let deadline = match due {
-            Due::Window => None,
-            Due::By(at) => Some(self.at(at)),
-        };
-        Box::pin(async move {
-            match deadline {
-                None => tx.send(key, value).await,
-                Some(deadline) => tx.send_by(key, value, deadline).await,
-            }
-        })
-    }
-
-    fn requeue(
-        rx: &Self::Rx,
-        _: Due,
-        key: K,
-        values: Vec<V>,
-    ) -> Result<(), SendError<(K, Vec<V>)>> {
-        rx.requeue(key, values)
-    }
-
-    // The borrow is held across the await on purpose: the future owns the receiver's use
-    // until it completes or is dropped, and the harness touches only idle receivers.
-    #[allow(clippy::await_holding_refcell_ref)]
-    fn recv(rx: Rc<RefCell<Self::Rx>>) -> Fut<Option<Batch<K, V>>> {
-        Box::pin(async move { rx.borrow_mut().recv().await })
-    }
-
-    fn try_recv(rx: &mut Self::Rx) -> Result<Batch<K, V>, TryRecvError> {
-        rx.try_recv()
-    }
-
-    fn close(rx: &Self::Rx) {
-        rx.close();
-    }
-
-    fn rx_state(rx: &Self::Rx) -> (usize, usize, bool) {
-        (rx.len(), rx.key_count(), rx.is_closed())
-    }
-
-    fn tx_state(tx: &Self::Tx) -> (usize, bool) {
-        (tx.len(), tx.is_closed())
-    }
-
     fn deadlines(
         &self,
         rx: &Self::Rx,
         front: Option<u64>,
         closed_at: Option<u64>,
+        base: Instant,
     ) -> (Option<Instant>, Option<Instant>) {
         // Once closed, everything is due: at the latest when it closed.
-        let due = front.map(|ms| closed_at.map_or(ms, |closed| ms.min(closed)));
-        (rx.next_deadline(), due.map(|ms| self.at(ms)))
+        let due = front.map(|at| closed_at.map_or(at, |closed| at.min(closed)));
+        (rx.next_deadline(), due.map(|at| base + ms(at)))
     }
 }
 
 /// `ordered`: ranks are sort keys, and every key is due at once.
-struct Ordered;
-
-impl Flavour for Ordered {
+impl Modelled for Ordered {
     type Rank = u8;
-    type Arg = u8;
-    type Item = (u8, K, V);
-    type Back = (u8, K, Vec<V>);
-    type Tx = ordered::Sender<u8, K, V>;
-    type Rx = ordered::Receiver<u8, K, V>;
 
-    fn build(&self, limits: &Limits) -> (Self::Tx, Self::Rx) {
-        let builder = limits.apply(ordered::Builder::new());
-        match limits.weights {
-            None => builder.build(),
-            Some(table) => builder
-                .weigher(move |v: &V| table[*v as usize % table.len()])
-                .build(),
-        }
-    }
-
-    fn arg(&self, input: u8, _: bool, _: u64) -> u8 {
+    fn arg(&self, input: u8, _: bool, _: u64, _: Instant) -> u8 {
         input % 8
     }
 
-    fn rank(&self, sort_key: u8, _: u64, _: usize, _: usize, _: &Limits) -> u8 {
+    fn rank(&self, sort_key: u8, _: u64, _: usize, _: usize, _: &Limits, _: Instant) -> u8 {
         sort_key
     }
 
@@ -840,70 +674,12 @@ impl Flavour for Ordered {
         true
     }
 
-    fn item(sort_key: u8, key: K, value: V) -> (u8, K, V) {
-        (sort_key, key, value)
-    }
-
-    fn back(sort_key: u8, key: K, values: Vec<V>) -> (u8, K, Vec<V>) {
-        (sort_key, key, values)
-    }
-
-    fn try_send(
-        &self,
-        tx: &Self::Tx,
-        sort_key: u8,
-        key: K,
-        value: V,
-    ) -> Result<(), TrySendError<(u8, K, V)>> {
-        tx.try_send(sort_key, key, value)
-    }
-
-    fn send(
-        &self,
-        tx: Self::Tx,
-        sort_key: u8,
-        key: K,
-        value: V,
-    ) -> Fut<Result<(), SendError<(u8, K, V)>>> {
-        Box::pin(async move { tx.send(sort_key, key, value).await })
-    }
-
-    fn requeue(
-        rx: &Self::Rx,
-        sort_key: u8,
-        key: K,
-        values: Vec<V>,
-    ) -> Result<(), SendError<(u8, K, Vec<V>)>> {
-        rx.requeue(sort_key, key, values)
-    }
-
-    // As for `Timed::recv`.
-    #[allow(clippy::await_holding_refcell_ref)]
-    fn recv(rx: Rc<RefCell<Self::Rx>>) -> Fut<Option<Batch<K, V>>> {
-        Box::pin(async move { rx.borrow_mut().recv().await })
-    }
-
-    fn try_recv(rx: &mut Self::Rx) -> Result<Batch<K, V>, TryRecvError> {
-        rx.try_recv()
-    }
-
-    fn close(rx: &Self::Rx) {
-        rx.close();
-    }
-
-    fn rx_state(rx: &Self::Rx) -> (usize, usize, bool) {
-        (rx.len(), rx.key_count(), rx.is_closed())
-    }
-
-    fn tx_state(tx: &Self::Tx) -> (usize, bool) {
-        (tx.len(), tx.is_closed())
-    }
-
     fn deadlines(
         &self,
         _: &Self::Rx,
         _: Option<u8>,
         _: Option<u64>,
+        _: Instant,
     ) -> (Option<Instant>, Option<Instant>) {
         (None, None)
     }
@@ -919,7 +695,7 @@ enum Line {
 }
 
 /// A `send` future that is waiting, with what it carries and its place in line.
-struct WaitingSend<F: Flavour> {
+struct WaitingSend<F: Modelled> {
     task: Spawn<Fut<Result<(), SendError<F::Item>>>>,
     arg: F::Arg,
     key: K,
@@ -932,13 +708,13 @@ struct WaitingSend<F: Flavour> {
 }
 
 /// A receiver and its `recv` future, if one is waiting.
-struct RxSlot<F: Flavour> {
+struct RxSlot<F: Modelled> {
     rx: Rc<RefCell<F::Rx>>,
     recv: Option<RecvTask>,
 }
 
 /// The real channel, its handles and futures, and the model of what they should do.
-struct Harness<F: Flavour> {
+struct Harness<F: Modelled> {
     fl: F,
     limits: Limits,
     /// Milliseconds since the case began.
@@ -964,15 +740,15 @@ struct Harness<F: Flavour> {
     step: usize,
 }
 
-impl<F: Flavour> Harness<F> {
-    fn new(fl: F, limits: Limits) -> Self {
-        let (tx, rx) = fl.build(&limits);
+impl<F: Modelled> Harness<F> {
+    fn new(fl: F, limits: Limits, weights: Weights) -> Self {
+        let (tx, rx) = fl.build(&limits, weigher(weights));
         Harness {
             fl,
             limits,
             now: 0,
             base: Instant::now(),
-            model: Model::new(limits.weights),
+            model: Model::new(weights),
             closed: false,
             closed_at: None,
             terminated: false,
@@ -1005,9 +781,9 @@ impl<F: Flavour> Harness<F> {
 
     /// A value enters the channel now.
     fn enter(&mut self, arg: F::Arg, key: K, value: V) {
-        let (fl, now, limits) = (&self.fl, self.now, &self.limits);
+        let (fl, now, limits, base) = (&self.fl, self.now, &self.limits, self.base);
         self.model.insert(key, vec![value], false, |len, weight| {
-            fl.rank(arg, now, len, weight, limits)
+            fl.rank(arg, now, len, weight, limits, base)
         });
     }
 
@@ -1117,9 +893,9 @@ impl<F: Flavour> Harness<F> {
                     return;
                 }
                 let value = self.fresh();
-                let arg = self.fl.arg(input, plain, self.now);
+                let arg = self.fl.arg(input, plain, self.now, self.base);
                 let tx = &self.txs[tx % self.txs.len()];
-                let got = self.fl.try_send(tx, arg, key, value).map_err(refused);
+                let got = F::try_send(tx, arg, key, value).map_err(refused);
                 let want = if self.closed {
                     Err(Refused::Closed(F::item(arg, key, value)))
                 } else if self.admit(None, key, value).is_err() {
@@ -1141,9 +917,9 @@ impl<F: Flavour> Harness<F> {
                 }
                 let tx = self.txs[tx % self.txs.len()].clone();
                 self.senders += 1;
-                let arg = self.fl.arg(input, plain, self.now);
+                let arg = self.fl.arg(input, plain, self.now, self.base);
                 let value = self.fresh();
-                let mut task = spawn(self.fl.send(tx, arg, key, value));
+                let mut task = spawn(send::<F>(tx, arg, key, value));
                 let got = task.poll().map(|res| res.map_err(|err| err.0));
                 let admitted = self.admit(None, key, value);
                 let want = if self.closed {
@@ -1192,7 +968,7 @@ impl<F: Flavour> Harness<F> {
             }
             Op::Recv(ix) => {
                 let Some(at) = self.idle_rx(ix) else { return };
-                let mut task = spawn(F::recv(Rc::clone(&self.rxs[at].rx)));
+                let mut task = spawn(recv::<F>(Rc::clone(&self.rxs[at].rx)));
                 let got = task.poll();
                 let want = match self.take_batch() {
                     Some(out) => Poll::Ready(out),
@@ -1217,7 +993,7 @@ impl<F: Flavour> Harness<F> {
                     true => ((pick % 5) as K, Vec::new()),
                     false => self.delivered.swap_remove(pick % self.delivered.len()),
                 };
-                let arg = self.fl.arg(input, false, self.now);
+                let arg = self.fl.arg(input, false, self.now, self.base);
                 let got = F::requeue(&self.rxs[at].rx.borrow(), arg, key, values.clone())
                     .map_err(|err| err.0);
                 let want = if self.terminated {
@@ -1372,7 +1148,7 @@ impl<F: Flavour> Harness<F> {
         let step = self.step;
         assert_eq!(
             Instant::now(),
-            self.base + Duration::from_millis(self.now),
+            self.base + ms(self.now),
             "step {step}: paused clock"
         );
         for tx in &self.txs {
@@ -1391,7 +1167,7 @@ impl<F: Flavour> Harness<F> {
                 "step {step}: receiver len, key_count, is_closed"
             );
             let front = self.model.front_rank();
-            let (got, want) = self.fl.deadlines(&rx, front, self.closed_at);
+            let (got, want) = self.fl.deadlines(&rx, front, self.closed_at, self.base);
             assert_eq!(got, want, "step {step}: next_deadline");
         }
     }
@@ -1426,20 +1202,15 @@ impl<F: Flavour> Harness<F> {
 }
 
 /// Runs one sequence in a fresh paused runtime.
-fn run_channel<F: Flavour>(make: impl FnOnce(Instant) -> F, limits: Limits, ops: Vec<Op>) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("runtime");
-    rt.block_on(async move {
-        let mut h = Harness::new(make(Instant::now()), limits);
+fn run_channel<F: Modelled>(fl: F, limits: Limits, weights: Weights, ops: Vec<Op>) {
+    paused_runtime().block_on(async move {
+        let mut h = Harness::new(fl, limits, weights);
         for (step, op) in ops.into_iter().enumerate() {
             h.step = step;
             match op {
-                Op::Advance(ms) => {
-                    tokio::time::advance(Duration::from_millis(u64::from(ms))).await;
-                    h.now += u64::from(ms);
+                Op::Advance(n) => {
+                    tokio::time::advance(ms(u64::from(n))).await;
+                    h.now += u64::from(n);
                 }
                 op => h.step(op),
             }
@@ -1463,10 +1234,10 @@ proptest! {
     #[test]
     fn timed_matches_model(
         window in prop_oneof![0..=50u64, Just(1_000u64)],
-        limits in limits(true),
+        (limits, weights) in limits(true),
         ops in ops(),
     ) {
-        run_channel(|base| Timed { window, base }, limits, ops);
+        run_channel(Timed { window: ms(window) }, limits, weights, ops);
     }
 
     /// The `ordered` channel agrees with the model, as `timed_matches_model` checks it,
@@ -1474,10 +1245,10 @@ proptest! {
     /// too, but not the per-key ones.
     #[test]
     fn ordered_matches_model(
-        limits in limits(false),
+        (limits, weights) in limits(false),
         ops in ops(),
     ) {
-        run_channel(|_| Ordered, limits, ops);
+        run_channel(Ordered, limits, weights, ops);
     }
 }
 

@@ -9,7 +9,7 @@ use keyed_batch::ordered::{self, Builder};
 use tokio_test::task;
 use tokio_test::{assert_pending, assert_ready};
 
-/// Rule 3: keys come out in ascending sort-key order, all due at once.
+/// When a key is due: keys come out in ascending sort-key order, all due at once.
 #[test]
 fn ascending_order() {
     let (tx, mut rx) = ordered::channel();
@@ -24,7 +24,7 @@ fn ascending_order() {
     assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
 }
 
-/// Rule 3: `std::cmp::Reverse` gives descending order.
+/// When a key is due: `std::cmp::Reverse` gives descending order.
 #[test]
 fn reverse_is_descending() {
     let (tx, mut rx) = ordered::channel();
@@ -38,8 +38,8 @@ fn reverse_is_descending() {
     );
 }
 
-/// Rules 1 and 3: a key ranks by the smallest sort key among its pending values, and its
-/// values stay in send order.
+/// When a key is due and What a batch holds: a key ranks by the smallest sort key among its
+/// pending values, and its values stay in send order.
 #[test]
 fn rank_is_min_sort_key() {
     let (tx, mut rx) = ordered::channel();
@@ -55,8 +55,8 @@ fn rank_is_min_sort_key() {
     );
 }
 
-/// Rule 4: equal sort keys go to the key whose pending run started first, even if it reached
-/// that sort key later.
+/// What a batch holds: equal sort keys go to the key whose pending run started first, even if
+/// it reached that sort key later.
 #[test]
 fn ties_go_to_earlier_run() {
     let (tx, mut rx) = ordered::channel();
@@ -71,8 +71,8 @@ fn ties_go_to_earlier_run() {
     );
 }
 
-/// Rule 4: a key that empties and refills is a new arrival and loses ties to keys already
-/// pending.
+/// What a batch holds: a key that empties and refills is a new arrival and loses ties to keys
+/// already pending.
 #[test]
 fn refilled_key_is_new_arrival() {
     let (tx, mut rx) = Builder::new().max_batch(1).build();
@@ -84,8 +84,8 @@ fn refilled_key_is_new_arrival() {
     assert_eq!(rx.try_recv(), Ok(vec![("a", vec![3])]));
 }
 
-/// Rule 4: `max_batch` caps a batch; a split key keeps its rank and leads the next batch
-/// unless a key of smaller rank arrived.
+/// What a batch holds: `max_batch` caps a batch; a split key keeps its rank and leads the next
+/// batch unless a key of smaller rank arrived.
 #[test]
 fn max_batch_split() {
     let (tx, mut rx) = Builder::new().max_batch(3).build();
@@ -109,8 +109,8 @@ fn max_batch_split() {
     assert_eq!(rx.try_recv(), Ok(vec![("f", vec![30]), ("e", vec![4])]));
 }
 
-/// Rule 8: requeued values go in front of newer ones, and the key's rank becomes the smaller
-/// of its rank and the given one.
+/// Failed deliveries: requeued values go in front of newer ones, and the key's rank becomes
+/// the smaller of its rank and the given one.
 #[test]
 fn requeue_rank_is_min() {
     let (tx, mut rx) = ordered::channel();
@@ -127,7 +127,7 @@ fn requeue_rank_is_min() {
     assert_eq!(rx.try_recv(), Ok(vec![("a", vec![0, 4]), ("b", vec![5])]));
 }
 
-/// Rule 5: a waiting receiver is woken by the first value and by a requeue into an empty
+/// No polling: a waiting receiver is woken by the first value and by a requeue into an empty
 /// channel.
 #[tokio::test]
 async fn send_and_requeue_wake_receiver() {
@@ -161,8 +161,8 @@ fn blocking_send_from_thread() {
     assert_eq!(rx.try_recv(), Err(TryRecvError::Disconnected));
 }
 
-/// Rule 6: after close, what is pending drains in rank order within `max_batch`, then the
-/// stream ends; sends fail with their value.
+/// Disconnection: after close, what is pending drains in rank order within `max_batch`, then
+/// the stream ends; sends fail with their value.
 #[tokio::test]
 async fn close_drains_then_ends() {
     let (tx, mut rx) = Builder::new().max_batch(2).build();
@@ -179,7 +179,7 @@ async fn close_drains_then_ends() {
     assert_eq!(rx.recv().await, None);
 }
 
-/// Rule 6: dropping every sender ends the stream once drained.
+/// Disconnection: dropping every sender ends the stream once drained.
 #[tokio::test]
 async fn drop_senders_ends_stream() {
     let (tx, rx) = Builder::new().max_batch(1).build();
@@ -214,7 +214,7 @@ fn counters() {
     assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
 }
 
-/// Rule 9: cloned receivers share the work; each value comes out exactly once.
+/// What a batch holds: cloned receivers share the work; each value comes out exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn receivers_share_work() {
     const N: u32 = 1_000;
@@ -244,14 +244,14 @@ async fn receivers_share_work() {
     assert_eq!(all, (0..N).collect::<Vec<_>>());
 }
 
-/// Rule 10: `max_batch(0)` panics with a clear message.
+/// Limits: `max_batch(0)` panics with a clear message.
 #[test]
 #[should_panic(expected = "max_batch must be at least 1")]
 fn zero_max_batch_panics() {
     let _ = Builder::new().max_batch(0);
 }
 
-/// Rule 10: `capacity(0)` panics with a clear message.
+/// Limits: `capacity(0)` panics with a clear message.
 #[test]
 #[should_panic(expected = "capacity must be at least 1")]
 fn zero_capacity_panics() {

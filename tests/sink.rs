@@ -1,6 +1,8 @@
 //! `Sender` as a `futures::Sink`: `forward`, `poll_ready` waiting for room without busy
 //! looping, values handed back on close; and `Sender::closed`.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::task::Poll;
 use std::time::Duration;
@@ -12,8 +14,9 @@ use tokio::time::{advance, Instant};
 use tokio_test::task::{self, Spawn};
 use tokio_test::{assert_pending, assert_ready, assert_ready_eq, assert_ready_ok};
 
-const WINDOW: Duration = Duration::from_secs(10);
-const MS: Duration = Duration::from_millis(1);
+use common::time::{ms, secs};
+
+const WINDOW: Duration = secs(10);
 
 /// `poll_ready` on a spawned sink.
 fn ready<S: Sink<I> + Unpin, I>(sink: &mut Spawn<S>) -> Poll<Result<(), S::Error>> {
@@ -66,10 +69,7 @@ async fn forward_delivers_in_order_timed() {
 /// a receiver drains it; the stream ends when the forward is done (`timed`).
 #[tokio::test(start_paused = true)]
 async fn forward_into_bounded_channel_timed() {
-    let (tx, rx) = timed::Builder::new(Duration::from_millis(5))
-        .capacity(3)
-        .max_batch(2)
-        .build();
+    let (tx, rx) = timed::Builder::new(ms(5)).capacity(3).max_batch(2).build();
     let stats = rx.clone();
     let items = (0..30).map(|i| (i % 4, i));
     let forward = stream::iter(items).map(Ok).forward(tx);
@@ -161,7 +161,7 @@ async fn poll_ready_waits_for_room_timed() {
     assert!(!sink.is_woken());
     assert_pending!(flush(&mut sink));
     assert!(!sink.is_woken());
-    advance(WINDOW - MS).await;
+    advance(WINDOW - ms(1)).await;
     assert!(!sink.is_woken());
     assert_eq!(rx.len(), 1);
 
@@ -412,7 +412,7 @@ async fn abandoned_sink_send_at_capacity_one() {
         .build();
     let tx2 = tx.clone();
     tx.try_send("a", 1).unwrap();
-    let sent = tokio::time::timeout(Duration::from_millis(10), SinkExt::send(&mut tx, ("b", 2)));
+    let sent = tokio::time::timeout(ms(10), SinkExt::send(&mut tx, ("b", 2)));
     assert!(sent.await.is_err());
     assert_eq!(rx.drain_now(), vec![vec![("a", vec![1])]]);
     tx2.try_send("c", 3).unwrap();

@@ -1,5 +1,7 @@
 //! `stats()`: every field of the snapshot, with exact values, in both flavours.
 
+mod common;
+
 use std::time::Duration;
 
 use futures::SinkExt;
@@ -8,8 +10,9 @@ use keyed_batch::stats::Stats;
 use keyed_batch::{ordered, timed};
 use tokio::time::{advance, Instant};
 
-const WINDOW: Duration = Duration::from_secs(10);
-const SEC: Duration = Duration::from_secs(1);
+use common::time::{ms, secs};
+
+const WINDOW: Duration = secs(10);
 
 /// The stats of a channel with one sender and one receiver, changed by `f`.
 fn expect(f: impl FnOnce(&mut Stats)) -> Stats {
@@ -81,14 +84,14 @@ async fn totals_and_due_timed() {
     tx.send("a", 2).await.unwrap();
     tx.send("a", 3).await.unwrap();
     assert_eq!(tx.try_send("b", 4), Err(TrySendError::Full(("b", 4))));
-    advance(SEC).await;
+    advance(secs(1)).await;
     assert_eq!(
         rx.stats(),
         expect(|s| {
             s.pending_values = 3;
             s.pending_keys = 1;
             s.pending_weight = 3;
-            s.oldest_pending = Some(SEC);
+            s.oldest_pending = Some(secs(1));
             s.sent = 3;
         })
     );
@@ -239,36 +242,34 @@ async fn delivered_by_close_ordered() {
 /// an empty key starts one at the requeue (`timed`).
 #[tokio::test(start_paused = true)]
 async fn oldest_pending_timed() {
-    let (tx, mut rx) = timed::Builder::new(Duration::from_secs(60))
-        .max_batch(1)
-        .build();
+    let (tx, mut rx) = timed::Builder::new(secs(60)).max_batch(1).build();
     assert_eq!(rx.stats().oldest_pending, None);
     tx.send("a", 1).await.unwrap();
     tx.send("a", 2).await.unwrap();
-    advance(3 * SEC).await;
+    advance(secs(3)).await;
     tx.send("b", 3).await.unwrap();
-    advance(2 * SEC).await;
-    assert_eq!(rx.stats().oldest_pending, Some(5 * SEC));
+    advance(secs(2)).await;
+    assert_eq!(rx.stats().oldest_pending, Some(secs(5)));
 
     tx.flush(&"a");
     assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1])])); // split: "a" still pending
-    assert_eq!(rx.stats().oldest_pending, Some(5 * SEC));
+    assert_eq!(rx.stats().oldest_pending, Some(secs(5)));
     assert_eq!(rx.try_recv(), Ok(vec![("a", vec![2])]));
-    assert_eq!(rx.stats().oldest_pending, Some(2 * SEC));
+    assert_eq!(rx.stats().oldest_pending, Some(secs(2)));
 
     tx.send("a", 4).await.unwrap(); // "a" refills: a new run, now
-    advance(SEC).await;
-    assert_eq!(tx.stats().oldest_pending, Some(3 * SEC));
+    advance(secs(1)).await;
+    assert_eq!(tx.stats().oldest_pending, Some(secs(3)));
     tx.flush(&"b");
     let (key, values) = rx.try_recv().unwrap().remove(0);
     assert_eq!((key, &values), ("b", &vec![3]));
-    assert_eq!(rx.stats().oldest_pending, Some(SEC));
+    assert_eq!(rx.stats().oldest_pending, Some(secs(1)));
 
-    advance(SEC).await;
+    advance(secs(1)).await;
     rx.requeue(key, values).unwrap(); // into an empty key: a run from now
-    assert_eq!(rx.stats().oldest_pending, Some(2 * SEC)); // "a" is older
+    assert_eq!(rx.stats().oldest_pending, Some(secs(2))); // "a" is older
     assert_eq!(rx.try_recv(), Ok(vec![("b", vec![3])])); // requeued: due at once
-    advance(SEC).await;
+    advance(secs(1)).await;
     tx.flush(&"a");
     assert_eq!(rx.try_recv(), Ok(vec![("a", vec![4])]));
     assert_eq!(rx.stats().oldest_pending, None);
@@ -279,25 +280,25 @@ async fn oldest_pending_timed() {
 async fn oldest_pending_ordered() {
     let (tx, mut rx) = ordered::Builder::new().max_batch(1).build();
     tx.send(2, "late", 1).await.unwrap();
-    advance(4 * SEC).await;
+    advance(secs(4)).await;
     tx.send(1, "soon", 2).await.unwrap();
-    advance(SEC).await;
-    assert_eq!(rx.stats().oldest_pending, Some(5 * SEC));
+    advance(secs(1)).await;
+    assert_eq!(rx.stats().oldest_pending, Some(secs(5)));
     assert_eq!(rx.try_recv(), Ok(vec![("soon", vec![2])]));
-    assert_eq!(rx.stats().oldest_pending, Some(5 * SEC));
+    assert_eq!(rx.stats().oldest_pending, Some(secs(5)));
     assert_eq!(rx.try_recv(), Ok(vec![("late", vec![1])]));
     assert_eq!(rx.stats().oldest_pending, None);
     let (tx2, rx2) = ordered::channel::<u8, u8, u8>();
     tx2.try_send(0, 0, 0).unwrap();
-    advance(7 * SEC).await;
-    assert_eq!(rx2.stats().oldest_pending, Some(7 * SEC));
+    advance(secs(7)).await;
+    assert_eq!(rx2.stats().oldest_pending, Some(secs(7)));
 }
 
 /// `oldest_pending` stays exact over many keys delivered out of arrival order, some of
 /// them refilled, checked against a plain map of run starts (`timed`).
 #[tokio::test(start_paused = true)]
 async fn oldest_pending_many_keys() {
-    let (tx, mut rx) = timed::Builder::new(Duration::from_secs(100_000)).build();
+    let (tx, mut rx) = timed::Builder::new(secs(100_000)).build();
     let mut starts = std::collections::HashMap::new();
     let mut seed = 7_u64;
     let mut next = move |n: u64| {
@@ -316,7 +317,7 @@ async fn oldest_pending_many_keys() {
             tx.send(key, ()).await.unwrap();
             starts.entry(key).or_insert_with(Instant::now);
         }
-        advance(Duration::from_millis(1 + next(1000))).await;
+        advance(ms(1 + next(1000))).await;
         let want = starts.values().min().map(|start| start.elapsed());
         assert_eq!(rx.stats().oldest_pending, want);
         assert_eq!(rx.stats().pending_keys, starts.len());
@@ -419,7 +420,7 @@ fn handle_counts_ordered() {
 async fn sent_counts_every_send_kind() {
     let (mut tx, rx) = timed::Builder::new(WINDOW).max_keys(1).build();
     tx.send("a", 1).await.unwrap();
-    tx.send_by("a", 2, Instant::now() + SEC).await.unwrap();
+    tx.send_by("a", 2, Instant::now() + secs(1)).await.unwrap();
     tx.try_send("a", 3).unwrap();
     tx.try_send_by("a", 4, Instant::now()).unwrap();
     SinkExt::send(&mut tx, ("a", 5)).await.unwrap();

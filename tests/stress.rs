@@ -12,14 +12,18 @@
 //! timeout, so a deadlock fails rather than hangs. Op counts are smaller in debug builds;
 //! the figures are in `SCALE`.
 
-use std::future::Future;
+mod common;
+
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use keyed_batch::{ordered, timed, Batch};
+use keyed_batch::timed;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, Instant};
+
+use common::flavour::{Due, Flavour, Limits, Ordered, Timed};
+use common::time::{ms, secs};
 
 type Key = u16;
 
@@ -31,7 +35,7 @@ const PER_PRODUCER: usize = if cfg!(debug_assertions) {
 };
 
 /// How long a run may take before it counts as a deadlock.
-const LIMIT: Duration = Duration::from_secs(60);
+const LIMIT: Duration = secs(60);
 
 /// One value: who sent it, its place in that producer's sends, and its place among that
 /// producer's sends to the same key.
@@ -65,106 +69,45 @@ fn key_of(producer: u32, seq: u32, keys: Key) -> Key {
     (rng.next() % u64::from(keys)) as Key
 }
 
-/// A channel flavour as the stress runs drive it.
-trait Chan: Send + Sync + 'static {
-    type Tx: Clone + Send + Sync + 'static;
-    type Rx: Clone + Send + 'static;
-
-    fn build(&self) -> (Self::Tx, Self::Rx);
-    /// Sends a value, choosing the rank from `r`. `false` if the channel is closed.
-    fn send(tx: &Self::Tx, key: Key, item: Item, r: u64) -> impl Future<Output = bool> + Send + '_;
-    /// As `send`, blocking the thread.
+/// A channel flavour as the stress runs drive it: the rank of each send, from a random
+/// number.
+trait Stressed: Flavour<Key, Item> + Send + Sync + 'static {
+    /// What a `send` ranks its value by, chosen from `r`.
+    fn arg(r: u64) -> Self::Arg;
+    /// What a requeued entry ranks by.
+    const REQUEUE: Self::Arg;
+    /// As `send`, blocking the thread. `false` if the channel is closed.
     fn blocking_send(tx: &Self::Tx, key: Key, item: Item, r: u64) -> bool;
-    fn recv(rx: &mut Self::Rx) -> impl Future<Output = Option<Batch<Key, Item>>> + Send + '_;
-    /// Requeues; on refusal hands the key and values back.
-    fn requeue(rx: &Self::Rx, key: Key, items: Vec<Item>) -> Result<(), (Key, Vec<Item>)>;
-    fn max_batch(&self) -> usize;
 }
 
-/// A `timed` channel with a short window; some values carry a tighter deadline.
-struct Timed {
-    window: Duration,
-    capacity: usize,
-    max_batch: usize,
-    per_key: usize,
-}
-
-impl Chan for Timed {
-    type Tx = timed::Sender<Key, Item>;
-    type Rx = timed::Receiver<Key, Item>;
-
-    fn build(&self) -> (Self::Tx, Self::Rx) {
-        timed::Builder::new(self.window)
-            .capacity(self.capacity)
-            .max_batch(self.max_batch)
-            .max_values_per_key(self.per_key)
-            .build()
+/// `timed`: some values carry a tighter deadline.
+impl Stressed for Timed {
+    fn arg(r: u64) -> Due {
+        match r % 4 {
+            0 => Due::By(Instant::now()),
+            _ => Due::Window,
+        }
     }
 
-    async fn send(tx: &Self::Tx, key: Key, item: Item, r: u64) -> bool {
-        let sent = match r % 4 {
-            0 => tx.send_by(key, item, Instant::now()).await,
-            _ => tx.send(key, item).await,
-        };
-        sent.is_ok()
-    }
+    // Not used: a requeued key is due at once.
+    const REQUEUE: Due = Due::Window;
 
     fn blocking_send(tx: &Self::Tx, key: Key, item: Item, _: u64) -> bool {
         tx.blocking_send(key, item).is_ok()
     }
-
-    async fn recv(rx: &mut Self::Rx) -> Option<Batch<Key, Item>> {
-        rx.recv().await
-    }
-
-    fn requeue(rx: &Self::Rx, key: Key, items: Vec<Item>) -> Result<(), (Key, Vec<Item>)> {
-        rx.requeue(key, items).map_err(|err| err.0)
-    }
-
-    fn max_batch(&self) -> usize {
-        self.max_batch
-    }
 }
 
-/// An `ordered` channel with random sort keys.
-struct Ordered {
-    capacity: usize,
-    max_batch: usize,
-}
-
-impl Chan for Ordered {
-    type Tx = ordered::Sender<u8, Key, Item>;
-    type Rx = ordered::Receiver<u8, Key, Item>;
-
-    fn build(&self) -> (Self::Tx, Self::Rx) {
-        ordered::Builder::new()
-            .capacity(self.capacity)
-            .max_batch(self.max_batch)
-            .build()
+/// `ordered`: random sort keys.
+impl Stressed for Ordered {
+    fn arg(r: u64) -> u8 {
+        (r % 16) as u8
     }
 
-    async fn send(tx: &Self::Tx, key: Key, item: Item, r: u64) -> bool {
-        tx.send((r % 16) as u8, key, item).await.is_ok()
-    }
+    // Sort key 0: a failed delivery goes first.
+    const REQUEUE: u8 = 0;
 
     fn blocking_send(tx: &Self::Tx, key: Key, item: Item, r: u64) -> bool {
-        tx.blocking_send((r % 16) as u8, key, item).is_ok()
-    }
-
-    async fn recv(rx: &mut Self::Rx) -> Option<Batch<Key, Item>> {
-        rx.recv().await
-    }
-
-    fn requeue(rx: &Self::Rx, key: Key, items: Vec<Item>) -> Result<(), (Key, Vec<Item>)> {
-        // Sort key 0: a failed delivery goes first.
-        rx.requeue(0, key, items).map_err(|err| {
-            let (_, key, items) = err.0;
-            (key, items)
-        })
-    }
-
-    fn max_batch(&self) -> usize {
-        self.max_batch
+        tx.blocking_send(Self::arg(r), key, item).is_ok()
     }
 }
 
@@ -205,10 +148,10 @@ fn items(id: u32, plan: Plan) -> impl Iterator<Item = (Key, Item)> {
     })
 }
 
-async fn producer<C: Chan>(tx: C::Tx, id: u32, plan: Plan) {
+async fn producer<C: Stressed>(tx: C::Tx, id: u32, plan: Plan) {
     let mut rng = Rng(u64::from(id) + 1);
     for (key, item) in items(id, plan) {
-        let sent = C::send(&tx, key, item, rng.next()).await;
+        let sent = C::send(&tx, C::arg(rng.next()), key, item).await.is_ok();
         assert!(sent, "send failed before the producer was done");
         if rng.below(64) == 0 {
             tokio::task::yield_now().await;
@@ -217,7 +160,7 @@ async fn producer<C: Chan>(tx: C::Tx, id: u32, plan: Plan) {
 }
 
 /// A producer on a plain thread, with `blocking_send`.
-fn blocking_producer<C: Chan>(tx: C::Tx, id: u32, plan: Plan) {
+fn blocking_producer<C: Stressed>(tx: C::Tx, id: u32, plan: Plan) {
     let mut rng = Rng(u64::from(id) + 1);
     for (key, item) in items(id, plan) {
         let sent = C::blocking_send(&tx, key, item, rng.next());
@@ -225,7 +168,7 @@ fn blocking_producer<C: Chan>(tx: C::Tx, id: u32, plan: Plan) {
     }
 }
 
-async fn receiver<C: Chan>(mut rx: C::Rx, seed: u64, plan: Plan, max_batch: usize) -> Taken {
+async fn receiver<C: Stressed>(mut rx: C::Rx, seed: u64, plan: Plan, max_batch: usize) -> Taken {
     let mut rng = Rng(seed);
     let mut taken = Taken::default();
     loop {
@@ -261,7 +204,7 @@ async fn receiver<C: Chan>(mut rx: C::Rx, seed: u64, plan: Plan, max_batch: usiz
         for (key, items) in batch {
             assert!(!items.is_empty(), "key {key} with no values");
             if rng.below(100) < plan.requeue_pct {
-                match C::requeue(&rx, key, items) {
+                match C::requeue(&rx, C::REQUEUE, key, items).map_err(|err| C::entry(err.0)) {
                     Ok(()) => taken.requeued += 1,
                     // The stream already ended for another receiver: keep them here.
                     Err((back, items)) => {
@@ -282,9 +225,9 @@ async fn receiver<C: Chan>(mut rx: C::Rx, seed: u64, plan: Plan, max_batch: usiz
 
 /// Runs producers and receivers to the end of the stream and returns what each receiver
 /// took, after checking exactly-once delivery.
-async fn run<C: Chan>(chan: C, plan: Plan) -> Vec<Taken> {
-    let (tx, rx) = chan.build();
-    let max_batch = chan.max_batch();
+async fn run<C: Stressed>(chan: C, limits: Limits, plan: Plan) -> Vec<Taken> {
+    let (tx, rx) = chan.build(&limits, None);
+    let max_batch = limits.max_batch();
     let producers: Vec<JoinHandle<()>> = (0..plan.producers)
         .map(|id| {
             let tx = tx.clone();
@@ -374,11 +317,11 @@ fn total(taken: &[Taken], f: impl Fn(&Taken) -> usize) -> usize {
 /// order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn timed_exactly_once_in_order() {
-    let chan = Timed {
-        window: Duration::from_millis(1),
-        capacity: 512,
-        max_batch: 100,
-        per_key: 4,
+    let limits = Limits {
+        capacity: Some(512),
+        max_batch: Some(100),
+        per_key: Some(4),
+        ..Limits::default()
     };
     let plan = Plan {
         producers: 8,
@@ -388,7 +331,7 @@ async fn timed_exactly_once_in_order() {
         cancel_pct: 30,
         requeue_pct: 0,
     };
-    let taken = run(chan, plan).await;
+    let taken = run(Timed { window: ms(1) }, limits, plan).await;
     check_runs(&taken);
     assert!(total(&taken, |t| t.cancelled) > 0, "no recv was cancelled");
 }
@@ -396,9 +339,10 @@ async fn timed_exactly_once_in_order() {
 /// As `timed_exactly_once_in_order`, on an `ordered` channel with random sort keys.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ordered_exactly_once_in_order() {
-    let chan = Ordered {
-        capacity: 64,
-        max_batch: 50,
+    let limits = Limits {
+        capacity: Some(64),
+        max_batch: Some(50),
+        ..Limits::default()
     };
     let plan = Plan {
         producers: 8,
@@ -408,7 +352,7 @@ async fn ordered_exactly_once_in_order() {
         cancel_pct: 30,
         requeue_pct: 0,
     };
-    let taken = run(chan, plan).await;
+    let taken = run(Ordered, limits, plan).await;
     check_runs(&taken);
     assert!(total(&taken, |t| t.cancelled) > 0, "no recv was cancelled");
 }
@@ -418,11 +362,11 @@ async fn ordered_exactly_once_in_order() {
 /// stream had ended for another receiver.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn timed_requeue_exactly_once() {
-    let chan = Timed {
-        window: Duration::from_millis(1),
-        capacity: 512,
-        max_batch: 64,
-        per_key: 8,
+    let limits = Limits {
+        capacity: Some(512),
+        max_batch: Some(64),
+        per_key: Some(8),
+        ..Limits::default()
     };
     let plan = Plan {
         producers: 8,
@@ -432,16 +376,17 @@ async fn timed_requeue_exactly_once() {
         cancel_pct: 20,
         requeue_pct: 10,
     };
-    let taken = run(chan, plan).await;
+    let taken = run(Timed { window: ms(1) }, limits, plan).await;
     assert!(total(&taken, |t| t.requeued) > 0, "nothing was requeued");
 }
 
 /// As `timed_requeue_exactly_once`, on an `ordered` channel.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ordered_requeue_exactly_once() {
-    let chan = Ordered {
-        capacity: 128,
-        max_batch: 64,
+    let limits = Limits {
+        capacity: Some(128),
+        max_batch: Some(64),
+        ..Limits::default()
     };
     let plan = Plan {
         producers: 8,
@@ -451,7 +396,7 @@ async fn ordered_requeue_exactly_once() {
         cancel_pct: 20,
         requeue_pct: 10,
     };
-    let taken = run(chan, plan).await;
+    let taken = run(Ordered, limits, plan).await;
     assert!(total(&taken, |t| t.requeued) > 0, "nothing was requeued");
 }
 
@@ -459,11 +404,11 @@ async fn ordered_requeue_exactly_once() {
 /// front of newer ones, so each producer's values of a key are processed exactly in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn requeue_keeps_order_for_one_receiver() {
-    let chan = Timed {
-        window: Duration::from_millis(1),
-        capacity: 256,
-        max_batch: 32,
-        per_key: 8,
+    let limits = Limits {
+        capacity: Some(256),
+        max_batch: Some(32),
+        per_key: Some(8),
+        ..Limits::default()
     };
     let plan = Plan {
         producers: 6,
@@ -473,7 +418,7 @@ async fn requeue_keeps_order_for_one_receiver() {
         cancel_pct: 20,
         requeue_pct: 10,
     };
-    let taken = run(chan, plan).await;
+    let taken = run(Timed { window: ms(1) }, limits, plan).await;
     assert!(total(&taken, |t| t.requeued) > 0, "nothing was requeued");
     let mut next = vec![vec![0u32; 16]; 6];
     for (key, items) in &taken[0].entries {
@@ -529,7 +474,7 @@ async fn endless_producer(
 async fn senders_dropped_mid_traffic() {
     const PRODUCERS: u32 = 8;
     let target = PRODUCERS as usize * PER_PRODUCER / 4;
-    let (tx, rx) = timed::Builder::new(Duration::from_millis(2))
+    let (tx, rx) = timed::Builder::new(ms(2))
         .capacity(1_024)
         .max_batch(64)
         .build::<Key, Item>();

@@ -3,6 +3,8 @@
 //!
 //! Time is paused, so every timing claim is exact to the millisecond.
 
+mod common;
+
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -13,19 +15,14 @@ use tokio::time::{advance, Instant};
 use tokio_test::task;
 use tokio_test::{assert_pending, assert_ready};
 
-const WINDOW: Duration = Duration::from_secs(10);
+use common::time::{ms, secs};
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
+const WINDOW: Duration = secs(10);
 
 // ===== aggregation and deadlines =====
 
-/// Rule 1: all pending values of a key come out together, in the order they were sent.
+/// What a batch holds: all pending values of a key come out together, in the order they were
+/// sent.
 #[tokio::test(start_paused = true)]
 async fn aggregation() {
     let (tx, mut rx) = timed::channel(WINDOW);
@@ -40,8 +37,8 @@ async fn aggregation() {
     assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
 }
 
-/// Rule 2: `send` gives the deadline `now + window`: pending one millisecond before it, ready
-/// exactly at it.
+/// When a key is due: `send` gives the deadline `now + window`: pending one millisecond before
+/// it, ready exactly at it.
 #[tokio::test(start_paused = true)]
 async fn window_is_exact() {
     let (tx, mut rx) = timed::channel(WINDOW);
@@ -59,8 +56,8 @@ async fn window_is_exact() {
     assert_eq!(assert_ready!(recv.poll()), Some(vec![("a", vec![1])]));
 }
 
-/// Rule 2: a key's deadline is the smallest among its values, so later values ride along,
-/// and `now` is read when each value is sent.
+/// When a key is due: a key's deadline is the smallest among its values, so later values ride
+/// along, and `now` is read when each value is sent.
 #[tokio::test(start_paused = true)]
 async fn first_value_sets_the_deadline() {
     let (tx, mut rx) = timed::channel(WINDOW);
@@ -78,8 +75,8 @@ async fn first_value_sets_the_deadline() {
     assert_eq!(Instant::now(), start + secs(3) + WINDOW);
 }
 
-/// Rule 2: `send_by` tightens a key's deadline, and a later, looser `send_by` does not move it
-/// back.
+/// When a key is due: `send_by` tightens a key's deadline, and a later, looser `send_by` does
+/// not move it back.
 #[tokio::test(start_paused = true)]
 async fn send_by_tightens_deadline() {
     let (tx, mut rx) = timed::channel(WINDOW);
@@ -96,7 +93,7 @@ async fn send_by_tightens_deadline() {
     assert_eq!(batch, Some(vec![("a", vec![1, 2, 3, 4])]));
 }
 
-/// Rule 2: `send_by` with a deadline now or in the past makes the key due at once.
+/// When a key is due: `send_by` with a deadline now or in the past makes the key due at once.
 #[tokio::test(start_paused = true)]
 async fn send_by_past_deadline_is_due_at_once() {
     let (tx, mut rx) = timed::channel(WINDOW);
@@ -111,8 +108,8 @@ async fn send_by_past_deadline_is_due_at_once() {
     assert_eq!(Instant::now(), start + secs(1));
 }
 
-/// Rule 2: a key that holds `max_values_per_key` values is due at once; other keys keep
-/// their deadline, and the emptied key starts counting again.
+/// When a key is due: a key that holds `max_values_per_key` values is due at once; other keys
+/// keep their deadline, and the emptied key starts counting again.
 #[tokio::test(start_paused = true)]
 async fn max_values_per_key_makes_key_due() {
     let (tx, mut rx) = Builder::new(WINDOW).max_values_per_key(3).build();
@@ -133,8 +130,8 @@ async fn max_values_per_key_makes_key_due() {
     assert_eq!(rx.len(), 2);
 }
 
-/// Rule 2: a key that fills up while a receiver waits wakes it, since the earliest deadline
-/// moved earlier.
+/// When a key is due and No polling: a key that fills up while a receiver waits wakes it,
+/// since the earliest deadline moved earlier.
 #[tokio::test(start_paused = true)]
 async fn full_key_wakes_receiver() {
     let (tx, mut rx) = Builder::new(WINDOW).max_values_per_key(2).build();
@@ -146,7 +143,7 @@ async fn full_key_wakes_receiver() {
     assert_eq!(assert_ready!(recv.poll()), Some(vec![("a", vec![1, 2])]));
 }
 
-/// Rule 10: a zero window is valid and makes every value due as soon as it is sent.
+/// When a key is due: a zero window is valid and makes every value due as soon as it is sent.
 #[tokio::test(start_paused = true)]
 async fn zero_window_is_due_at_once() {
     let (tx, mut rx) = timed::channel(Duration::ZERO);
@@ -161,7 +158,8 @@ async fn zero_window_is_due_at_once() {
 
 // ===== batch order =====
 
-/// Rule 4: a batch holds due keys in deadline order, not in the order they arrived.
+/// What a batch holds: a batch holds due keys in deadline order, not in the order they
+/// arrived.
 #[tokio::test(start_paused = true)]
 async fn rank_order_across_keys() {
     let (tx, mut rx) = timed::channel(WINDOW);
@@ -187,8 +185,8 @@ async fn rank_order_across_keys() {
     assert_eq!(rx.next_deadline(), None);
 }
 
-/// Rule 4: equal deadlines go to the key whose pending run started first, even when that
-/// key's deadline was lowered to the tie later.
+/// What a batch holds: equal deadlines go to the key whose pending run started first, even
+/// when that key's deadline was lowered to the tie later.
 #[tokio::test(start_paused = true)]
 async fn ties_go_to_earlier_run() {
     let (tx, mut rx) = timed::channel(WINDOW);
@@ -207,8 +205,8 @@ async fn ties_go_to_earlier_run() {
     );
 }
 
-/// Rule 4: a key that empties and refills is a new arrival: it loses ties to keys that were
-/// pending before it came back.
+/// What a batch holds: a key that empties and refills is a new arrival: it loses ties to keys
+/// that were pending before it came back.
 #[tokio::test(start_paused = true)]
 async fn refilled_key_is_new_arrival() {
     let (tx, mut rx) = timed::channel(WINDOW);
@@ -223,8 +221,8 @@ async fn refilled_key_is_new_arrival() {
     assert_eq!(rx.try_recv(), Ok(vec![("b", vec![2]), ("a", vec![3])]));
 }
 
-/// Rule 4: `max_batch` is a hard cap; a split key's remainder keeps its place and leads the
-/// next batch (splitting is not a new arrival).
+/// What a batch holds: `max_batch` is a hard cap; a split key's remainder keeps its place and
+/// leads the next batch (splitting is not a new arrival).
 #[tokio::test(start_paused = true)]
 async fn split_remainder_leads_next_batch() {
     let (tx, mut rx) = Builder::new(Duration::ZERO).max_batch(2).build();
@@ -240,8 +238,8 @@ async fn split_remainder_leads_next_batch() {
     assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
 }
 
-/// Rule 4: a split key's remainder yields the front to a key of smaller rank that became due
-/// meanwhile.
+/// What a batch holds: a split key's remainder yields the front to a key of smaller rank that
+/// became due meanwhile.
 #[tokio::test(start_paused = true)]
 async fn smaller_rank_overtakes_split_remainder() {
     let (tx, mut rx) = Builder::new(WINDOW).max_batch(2).build();
@@ -256,7 +254,7 @@ async fn smaller_rank_overtakes_split_remainder() {
     assert_eq!(rx.try_recv(), Ok(vec![("c", vec![9]), ("a", vec![3])]));
 }
 
-/// Rule 4: a batch never holds more than `max_batch` values, and is never empty.
+/// What a batch holds: a batch never holds more than `max_batch` values, and is never empty.
 #[tokio::test(start_paused = true)]
 async fn batches_are_capped_and_never_empty() {
     let (tx, mut rx) = Builder::new(WINDOW).max_batch(2).build();
@@ -285,7 +283,7 @@ async fn batches_are_capped_and_never_empty() {
     assert_eq!(seen, (0..7).collect::<Vec<_>>());
 }
 
-/// Rule 4: every value is delivered exactly once, across cloned receivers on a
+/// What a batch holds: every value is delivered exactly once, across cloned receivers on a
 /// multi-threaded runtime.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_once_across_receivers() {
@@ -334,7 +332,8 @@ async fn exactly_once_across_receivers() {
 
 // ===== requeue =====
 
-/// Rule 8: requeued values go in front of the key's newer values, and the key is due at once.
+/// Failed deliveries: requeued values go in front of the key's newer values, and the key is
+/// due at once.
 #[tokio::test(start_paused = true)]
 async fn requeue_goes_in_front_and_is_due() {
     let (tx, mut rx) = timed::channel(WINDOW);
@@ -351,8 +350,8 @@ async fn requeue_goes_in_front_and_is_due() {
     assert_eq!(rx.len(), 1);
 }
 
-/// Rule 8: requeue lowers a key's deadline to now but never raises it; a key already overdue
-/// keeps its earlier deadline and place.
+/// Failed deliveries: requeue lowers a key's deadline to now but never raises it; a key
+/// already overdue keeps its earlier deadline and place.
 #[tokio::test(start_paused = true)]
 async fn requeue_keeps_earlier_deadline() {
     let (tx, mut rx) = timed::channel(WINDOW);
@@ -365,7 +364,7 @@ async fn requeue_keeps_earlier_deadline() {
     assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1]), ("b", vec![0, 2])]));
 }
 
-/// Rule 5: a requeue that moves the earliest deadline earlier wakes a waiting receiver.
+/// No polling: a requeue that moves the earliest deadline earlier wakes a waiting receiver.
 #[tokio::test(start_paused = true)]
 async fn requeue_wakes_receiver() {
     let (tx, mut rx) = timed::channel(WINDOW);
@@ -380,8 +379,8 @@ async fn requeue_wakes_receiver() {
 
 // ===== wakeups =====
 
-/// Rule 5: a waiting receiver is woken when the first value arrives (none to some), and not
-/// by sends that leave the earliest deadline where it is, nor by time passing before it.
+/// No polling: a waiting receiver is woken when the first value arrives (none to some), and
+/// not by sends that leave the earliest deadline where it is, nor by time passing before it.
 #[tokio::test(start_paused = true)]
 async fn no_polling() {
     let (tx, mut rx) = timed::channel(WINDOW);
@@ -409,8 +408,8 @@ async fn no_polling() {
     assert_eq!(batch, Some(vec![("a", vec![1, 2]), ("b", vec![3])]));
 }
 
-/// Rule 5: a receiver sleeping until deadline D is woken by a `send_by` for an earlier D', and
-/// then wakes exactly at D' (its timer moved), and the rest still comes at D.
+/// No polling: a receiver sleeping until deadline D is woken by a `send_by` for an earlier D',
+/// and then wakes exactly at D' (its timer moved), and the rest still comes at D.
 #[tokio::test(start_paused = true)]
 async fn earlier_deadline_wakes_receiver() {
     let (tx, mut rx) = timed::channel(WINDOW);
@@ -435,8 +434,8 @@ async fn earlier_deadline_wakes_receiver() {
     assert_eq!(Instant::now(), start + WINDOW);
 }
 
-/// Rule 5: a receiver whose timer was set for a deadline that went away (the key became due
-/// early and was taken) is not woken when that old deadline passes with nothing pending.
+/// No polling: a receiver whose timer was set for a deadline that went away (the key became
+/// due early and was taken) is not woken when that old deadline passes with nothing pending.
 #[tokio::test(start_paused = true)]
 async fn stale_deadline_does_not_wake() {
     let (tx, mut rx) = Builder::new(WINDOW).max_values_per_key(2).build();
@@ -465,7 +464,7 @@ async fn stale_deadline_does_not_wake() {
 
 // ===== cloned receivers =====
 
-/// Rules 5 and 9: with two waiting receivers, a send that makes a key due wakes both, and
+/// No polling and What a batch holds: with two waiting receivers, a send that makes a key due wakes both, and
 /// each batch goes to one of them.
 #[tokio::test(start_paused = true)]
 async fn receivers_share_work() {
@@ -489,7 +488,7 @@ async fn receivers_share_work() {
     assert_eq!(rx2.try_recv(), Err(TryRecvError::Empty));
 }
 
-/// Rule 5: every waiting receiver sleeps on its own timer: at a deadline both wake, one
+/// No polling: every waiting receiver sleeps on its own timer: at a deadline both wake, one
 /// takes the batch, and the other sleeps again until the next deadline.
 #[tokio::test(start_paused = true)]
 async fn timer_passes_to_next_receiver() {
@@ -658,21 +657,21 @@ async fn counters() {
 
 // ===== builder =====
 
-/// Rule 10: `max_batch(0)` panics with a clear message.
+/// Limits: `max_batch(0)` panics with a clear message.
 #[test]
 #[should_panic(expected = "max_batch must be at least 1")]
 fn zero_max_batch_panics() {
     let _ = Builder::new(WINDOW).max_batch(0);
 }
 
-/// Rule 10: `max_values_per_key(0)` panics with a clear message.
+/// Limits: `max_values_per_key(0)` panics with a clear message.
 #[test]
 #[should_panic(expected = "max_values_per_key must be at least 1")]
 fn zero_max_values_per_key_panics() {
     let _ = Builder::new(WINDOW).max_values_per_key(0);
 }
 
-/// Rule 10: `capacity(0)` panics with a clear message.
+/// Limits: `capacity(0)` panics with a clear message.
 #[test]
 #[should_panic(expected = "capacity must be at least 1")]
 fn zero_capacity_panics() {

@@ -61,6 +61,9 @@ mod index;
 mod slot;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+#[path = "../../tests/common/touchy.rs"]
+mod touchy;
 
 /// Index sizes below this are never compacted: too small to matter.
 const SMALL: usize = 64;

@@ -1,8 +1,6 @@
+use super::touchy::{arm, disarm, panics, Touchy, TouchyRank, What};
 use super::*;
-use std::cell::Cell;
-use std::cmp::Ordering;
 use std::hash::BuildHasher;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
 fn all<R: Ord + Clone, K: Hash + Eq + Clone, V>(q: &mut SortedQueue<R, K, V>) -> Vec<(K, Vec<V>)> {
     q.pop_batch(usize::MAX, |_| true)
@@ -215,65 +213,8 @@ fn memory_falls_back_after_drain() {
     assert!(index <= 4 * SHRINK_ABOVE, "index capacity {index}");
 }
 
-thread_local! {
-    static PANIC_ON: Cell<Option<u32>> = const { Cell::new(None) };
-}
-
-fn trip(id: u32, what: &str) {
-    if PANIC_ON.with(Cell::get) == Some(id) {
-        panic!("{what} panics on {id}");
-    }
-}
-
-/// A key whose `Hash`, `Eq` and `Clone` panic on a chosen id.
-#[derive(Debug)]
-struct Touchy(u32);
-
-impl Hash for Touchy {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        trip(self.0, "hash");
-        self.0.hash(state);
-    }
-}
-
-impl PartialEq for Touchy {
-    fn eq(&self, other: &Self) -> bool {
-        trip(self.0, "eq");
-        trip(other.0, "eq");
-        self.0 == other.0
-    }
-}
-
-impl Eq for Touchy {}
-
-impl Clone for Touchy {
-    fn clone(&self) -> Self {
-        trip(self.0, "clone");
-        Touchy(self.0)
-    }
-}
-
-/// A rank whose `Ord` panics on a chosen id.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct TouchyRank(u32);
-
-impl Ord for TouchyRank {
-    fn cmp(&self, other: &Self) -> Ordering {
-        trip(self.0, "cmp");
-        trip(other.0, "cmp");
-        self.0.cmp(&other.0)
-    }
-}
-
-impl PartialOrd for TouchyRank {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-fn panics(f: impl FnOnce()) -> bool {
-    catch_unwind(AssertUnwindSafe(f)).is_err()
-}
+/// `Touchy`'s behaviours.
+const KEY: &[What] = &[What::Hash, What::Eq, What::Clone];
 
 fn ids(batch: Vec<(Touchy, Vec<u32>)>) -> Vec<(u32, Vec<u32>)> {
     batch.into_iter().map(|(k, v)| (k.0, v)).collect()
@@ -285,11 +226,11 @@ fn panicking_hash_loses_nothing() {
     for id in 0..50 {
         q.push(Touchy(id), id, id);
     }
-    PANIC_ON.with(|p| p.set(Some(7)));
+    arm(7, KEY);
     assert!(panics(|| {
         q.push(Touchy(7), 100, 0);
     }));
-    PANIC_ON.with(|p| p.set(None));
+    disarm();
     assert_eq!(q.len(), 50);
     let batch = ids(q.pop_batch(usize::MAX, |_| true));
     let want: Vec<_> = (0..50).map(|id| (id, vec![id])).collect();
@@ -303,13 +244,13 @@ fn panicking_eq_loses_nothing() {
         q.push(Touchy(id), id, 10);
     }
     // Eq runs when the probe meets key 3 itself.
-    PANIC_ON.with(|p| p.set(Some(3)));
+    arm(3, KEY);
     assert!(panics(|| {
         q.push(Touchy(3), 100, 0);
     }));
     // Taking batches never calls Eq or Hash, even with the switch still on.
     let batch = ids(q.pop_batch(usize::MAX, |_| true));
-    PANIC_ON.with(|p| p.set(None));
+    disarm();
     assert_eq!(batch.len(), 50);
     assert!(batch.iter().all(|(id, v)| *v == vec![*id]));
 }
@@ -320,12 +261,12 @@ fn panicking_clone_during_split_loses_nothing() {
     q.push(Touchy(1), 1, 0);
     q.push(Touchy(2), 2, 1);
     q.push(Touchy(2), 3, 1);
-    PANIC_ON.with(|p| p.set(Some(2)));
+    arm(2, KEY);
     // Key 1 fits; key 2 must be split, which clones it: the call panics.
     assert!(panics(|| {
         q.pop_batch(2, |_| true);
     }));
-    PANIC_ON.with(|p| p.set(None));
+    disarm();
     assert_eq!(q.len(), 3);
     let batch = ids(q.pop_batch(usize::MAX, |_| true));
     assert_eq!(batch, vec![(1, vec![1]), (2, vec![2, 3])]);
@@ -338,14 +279,14 @@ fn panicking_ord_loses_nothing() {
     for id in (10..60).rev() {
         q.push(id, id, TouchyRank(id));
     }
-    PANIC_ON.with(|p| p.set(Some(33)));
+    arm(33, &[What::Ord]);
     assert!(panics(|| {
         q.pop_batch(usize::MAX, |_| true);
     }));
     assert!(panics(|| {
         q.push(5, 5, TouchyRank(33));
     }));
-    PANIC_ON.with(|p| p.set(None));
+    disarm();
     assert_eq!(q.len(), 50);
     let batch = q.pop_batch(usize::MAX, |_| true);
     let want: Vec<_> = (10..60).map(|id| (id, vec![id])).collect();
