@@ -72,8 +72,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
-use serde::{Deserialize, Serialize};
 use keyed_batch::{ordered, timed, Batch};
+use serde::{Deserialize, Serialize};
 use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
 use tokio::sync::mpsc;
 use tokio_util::time::DelayQueue;
