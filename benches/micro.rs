@@ -21,16 +21,12 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
 use keyed_batch::{ordered, timed};
 
+use common::mix;
+
+mod common;
+
 const PENDING: [u64; 5] = [100, 1_000, 10_000, 100_000, 1_000_000];
 const BATCHES: [u64; 5] = [1, 10, 100, 1_000, 10_000];
-
-/// A cheap, well-mixed hash (splitmix64's finalizer).
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
 
 /// How many keys a timed stretch sends before the extra keys are taken out again: pending
 /// keys stay within `pending..pending + chunk`.

@@ -78,6 +78,11 @@ use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
 use tokio::sync::mpsc;
 use tokio_util::time::DelayQueue;
 
+use common::mix;
+
+#[path = "../common/mod.rs"]
+mod common;
+
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
@@ -127,14 +132,6 @@ fn main() {
 }
 
 // ===== workload =====
-
-/// A cheap, well-mixed hash (splitmix64's finalizer).
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
 
 /// The key value `index` goes under.
 fn key_of(index: u64, keys: u64) -> u64 {
