@@ -4,22 +4,14 @@
 use std::env;
 use std::process::Command;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use keyed_batch::{ordered, timed};
 use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc;
 
-use crate::consumers::{
-    consume_batches, consume_binaryheap, consume_delayqueue, consume_mpsc, consume_origin,
-};
 use crate::measure::{cpu_ns, proc_status_kb, GLOBAL, IDLE_AFTER_SENT_NS};
-use crate::origin::OriginQueue;
+use crate::variants::{self, LATENESS};
 use crate::verify::{LatenessSink, Verifier};
-use crate::workload::{
-    produce_all, produce_paced, HeapTx, MpscTx, OrderedTx, OriginTx, TimedTx, INDEX_BITS,
-};
+use crate::workload::{Load, INDEX_BITS};
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug)]
 pub(crate) struct RunResult {
@@ -53,14 +45,6 @@ fn arg<T: std::str::FromStr>(args: &[String], at: usize, what: &str) -> T {
         .unwrap_or_else(|| panic!("child argument {at} ({what}) missing or bad: {args:?}"))
 }
 
-/// Waits for the consumer, failing the run if values stop arriving.
-async fn finish<T>(consumer: tokio::task::JoinHandle<T>, limit: Duration) -> T {
-    match tokio::time::timeout(limit, consumer).await {
-        Ok(done) => done.expect("consumer ran to the end"),
-        Err(_) => panic!("not every value arrived within {limit:?}"),
-    }
-}
-
 /// Runs one variant through one throughput scenario.
 /// Arguments: variant window_ms producers keys values.
 pub(crate) fn throughput_child(args: &[String]) -> RunResult {
@@ -73,58 +57,15 @@ pub(crate) fn throughput_child(args: &[String]) -> RunResult {
 
     let rt = runtime();
     let sink = Verifier::new(keys, values);
+    let load = Load::Burst {
+        producers,
+        values,
+        keys,
+    };
     let before = GLOBAL.stats();
     let cpu_before = cpu_ns();
     let start = Instant::now();
-    let sink = rt.block_on(async {
-        match variant.as_str() {
-            "mpsc" => {
-                let (tx, rx) = mpsc::unbounded_channel();
-                let consumer = tokio::spawn(consume_mpsc(rx, sink));
-                produce_all(MpscTx(tx), producers, values, keys).await;
-                finish(consumer, limit).await
-            }
-            "diy_delayqueue" => {
-                let (tx, rx) = mpsc::unbounded_channel();
-                let consumer = tokio::spawn(consume_delayqueue(rx, window, sink));
-                produce_all(MpscTx(tx), producers, values, keys).await;
-                finish(consumer, limit).await
-            }
-            "diy_binaryheap" => {
-                let (tx, rx) = mpsc::unbounded_channel();
-                let consumer = tokio::spawn(consume_binaryheap(rx, sink));
-                produce_all(HeapTx(tx), producers, values, keys).await;
-                finish(consumer, limit).await
-            }
-            "origin_port" => {
-                let queue = Arc::new(OriginQueue::new(window));
-                let consumer = tokio::spawn(consume_origin(Arc::clone(&queue), sink));
-                produce_all(OriginTx(queue), producers, values, keys).await;
-                finish(consumer, limit).await
-            }
-            "timed" => {
-                let (tx, rx) = timed::channel(window);
-                let consumer = tokio::spawn(consume_batches(rx, sink));
-                // This sender stays until the end: the channel never closes, so keys come
-                // out by their deadlines, not by a flush.
-                produce_all(TimedTx(tx.clone()), producers, values, keys).await;
-                let (rx, sink) = finish(consumer, limit).await;
-                assert!(rx.is_empty(), "values left over");
-                drop(tx);
-                sink
-            }
-            "ordered" => {
-                let (tx, rx) = ordered::channel();
-                let consumer = tokio::spawn(consume_batches(rx, sink));
-                produce_all(OrderedTx(tx.clone()), producers, values, keys).await;
-                let (rx, sink) = finish(consumer, limit).await;
-                assert!(rx.is_empty(), "values left over");
-                drop(tx);
-                sink
-            }
-            other => panic!("unknown variant {other}"),
-        }
-    });
+    let sink = rt.block_on(variants::run(&variant, window, load, sink, limit));
     // Once everything is sent, a windowed consumer sits waiting for the last deadlines:
     // that wait is the workload's, not the channel's cost, and it would swamp short runs.
     let idle = Duration::from_nanos(IDLE_AFTER_SENT_NS.load(Relaxed));
@@ -148,6 +89,10 @@ pub(crate) fn throughput_child(args: &[String]) -> RunResult {
 /// Arguments: variant keys rate_per_s millis window_ms.
 pub(crate) fn lateness_child(args: &[String]) -> LatenessResult {
     let variant: String = arg(args, 0, "variant");
+    assert!(
+        LATENESS.contains(&variant.as_str()),
+        "unknown lateness variant {variant}"
+    );
     let keys: u64 = arg(args, 1, "keys");
     let rate: u64 = arg(args, 2, "rate");
     let millis: u64 = arg(args, 3, "millis");
@@ -164,32 +109,13 @@ pub(crate) fn lateness_child(args: &[String]) -> LatenessResult {
         window_ns: window.as_nanos() as i64,
         lateness_ns: Vec::with_capacity(total as usize),
     };
-    let sink = rt.block_on(async move {
-        match variant.as_str() {
-            "diy_delayqueue" => {
-                let (tx, rx) = mpsc::unbounded_channel();
-                let consumer = tokio::spawn(consume_delayqueue(rx, window, sink));
-                produce_paced(MpscTx(tx), total, rate, keys, base).await;
-                finish(consumer, limit).await
-            }
-            "origin_port" => {
-                let queue = Arc::new(OriginQueue::new(window));
-                let consumer = tokio::spawn(consume_origin(Arc::clone(&queue), sink));
-                produce_paced(OriginTx(queue), total, rate, keys, base).await;
-                finish(consumer, limit).await
-            }
-            "timed" => {
-                let (tx, rx) = timed::channel(window);
-                let consumer = tokio::spawn(consume_batches(rx, sink));
-                produce_paced(TimedTx(tx.clone()), total, rate, keys, base).await;
-                let (rx, sink) = finish(consumer, limit).await;
-                assert!(rx.is_empty(), "values left over");
-                drop(tx);
-                sink
-            }
-            other => panic!("unknown lateness variant {other}"),
-        }
-    });
+    let load = Load::Paced {
+        total,
+        rate,
+        keys,
+        base,
+    };
+    let sink = rt.block_on(variants::run(&variant, window, load, sink, limit));
     sink.verifier.finish();
     let mut lateness = sink.lateness_ns;
     lateness.sort_unstable();

@@ -145,8 +145,8 @@ pub(crate) async fn consume_binaryheap<S: Sink>(
     sink
 }
 
-/// Reads batches from a `timed` or `ordered` receiver.
-pub(crate) async fn consume_batches<R, S>(mut rx: R, mut sink: S) -> (R, S)
+/// Reads batches from a `timed` or `ordered` receiver; `is_empty` is that receiver's own.
+pub(crate) async fn consume_batches<R, S>(mut rx: R, is_empty: fn(&R) -> bool, mut sink: S) -> S
 where
     R: Stream<Item = Batch<u64, u64>> + Unpin,
     S: Sink,
@@ -158,7 +158,8 @@ where
             sink.deliver(*key, values);
         }
     }
-    (rx, sink)
+    assert!(is_empty(&rx), "values left over");
+    sink
 }
 
 pub(crate) async fn consume_origin<S: Sink>(queue: Arc<OriginQueue>, mut sink: S) -> S {

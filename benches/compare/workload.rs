@@ -85,8 +85,44 @@ impl Produce for OriginTx {
     }
 }
 
+/// What the producers send, and how fast.
+pub(crate) enum Load {
+    /// The throughput workload: [`produce_all`].
+    Burst {
+        producers: u64,
+        values: u64,
+        keys: u64,
+    },
+    /// The lateness workload: [`produce_paced`].
+    Paced {
+        total: u64,
+        rate: u64,
+        keys: u64,
+        base: Instant,
+    },
+}
+
+impl Load {
+    /// Sends the whole load through `tx`, and waits for the producers.
+    pub(crate) async fn send_through<T: Produce>(&self, tx: T) {
+        match *self {
+            Load::Burst {
+                producers,
+                values,
+                keys,
+            } => produce_all(tx, producers, values, keys).await,
+            Load::Paced {
+                total,
+                rate,
+                keys,
+                base,
+            } => produce_paced(tx, total, rate, keys, base).await,
+        }
+    }
+}
+
 /// Sends `values` values from `producers` tasks at full speed, and waits for them.
-pub(crate) async fn produce_all<T: Produce>(tx: T, producers: u64, values: u64, keys: u64) {
+async fn produce_all<T: Produce>(tx: T, producers: u64, values: u64, keys: u64) {
     let per = values / producers;
     let tasks: Vec<_> = (0..producers)
         .map(|p| {
@@ -115,13 +151,7 @@ pub(crate) async fn produce_all<T: Produce>(tx: T, producers: u64, values: u64, 
 
 /// Sends `total` values from one task at `rate` values per second, each value carrying its
 /// send time (ns since `base`) above its index.
-pub(crate) async fn produce_paced<T: Produce>(
-    tx: T,
-    total: u64,
-    rate: u64,
-    keys: u64,
-    base: Instant,
-) {
+async fn produce_paced<T: Produce>(tx: T, total: u64, rate: u64, keys: u64, base: Instant) {
     let start = Instant::now();
     let mut index = 0;
     while index < total {
