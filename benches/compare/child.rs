@@ -6,6 +6,7 @@ use std::process::Command;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::measure::{cpu_ns, proc_status_kb, GLOBAL, IDLE_AFTER_SENT_NS};
@@ -13,6 +14,14 @@ use crate::variants::{self, LATENESS};
 use crate::verify::{LatenessSink, Verifier};
 use crate::workload::{Load, INDEX_BITS};
 
+/// The flag that makes this binary a throughput child.
+pub(crate) const THROUGHPUT_FLAG: &str = "--child";
+/// The flag that makes this binary a lateness child.
+pub(crate) const LATENESS_FLAG: &str = "--lateness-child";
+/// What starts the line a child prints its result on.
+const RESULT: &str = "RESULT ";
+
+/// What a throughput child measured.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug)]
 pub(crate) struct RunResult {
     pub(crate) ns_per_value: f64,
@@ -23,6 +32,7 @@ pub(crate) struct RunResult {
     pub(crate) allocs_per_value: f64,
 }
 
+/// What a lateness child measured: the spread of lateness over its deliveries.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug)]
 pub(crate) struct LatenessResult {
     pub(crate) p50_us: f64,
@@ -31,6 +41,8 @@ pub(crate) struct LatenessResult {
     pub(crate) early: u64,
     pub(crate) deliveries: u64,
 }
+
+// ===== in the child =====
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -47,7 +59,7 @@ fn arg<T: std::str::FromStr>(args: &[String], at: usize, what: &str) -> T {
 
 /// Runs one variant through one throughput scenario.
 /// Arguments: variant window_ms producers keys values.
-pub(crate) fn throughput_child(args: &[String]) -> RunResult {
+pub(crate) fn throughput(args: &[String]) -> RunResult {
     let variant: String = arg(args, 0, "variant");
     let window = Duration::from_millis(arg(args, 1, "window_ms"));
     let producers: u64 = arg(args, 2, "producers");
@@ -87,7 +99,7 @@ pub(crate) fn throughput_child(args: &[String]) -> RunResult {
 
 /// Runs one variant through the lateness scenario.
 /// Arguments: variant keys rate_per_s millis window_ms.
-pub(crate) fn lateness_child(args: &[String]) -> LatenessResult {
+pub(crate) fn lateness(args: &[String]) -> LatenessResult {
     let variant: String = arg(args, 0, "variant");
     assert!(
         LATENESS.contains(&variant.as_str()),
@@ -132,10 +144,18 @@ pub(crate) fn lateness_child(args: &[String]) -> LatenessResult {
     }
 }
 
-// ===== starting one, in the parent =====
+/// Prints `result` on the line [`run`] reads.
+pub(crate) fn reply(result: &impl Serialize) {
+    println!(
+        "{RESULT}{}",
+        serde_json::to_string(result).expect("serializable")
+    );
+}
 
-/// Runs this binary again with `flag` and `args`, and returns the line of JSON it printed.
-pub(crate) fn run_child(flag: &str, args: &[String]) -> String {
+// ===== in the parent =====
+
+/// Runs this binary again with `flag` and `args`, and reads back the result it printed.
+pub(crate) fn run<T: DeserializeOwned>(flag: &str, args: &[String]) -> T {
     let exe = env::current_exe().expect("own path");
     let out = Command::new(exe)
         .arg(flag)
@@ -151,9 +171,9 @@ pub(crate) fn run_child(flag: &str, args: &[String]) -> String {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    stdout
+    let line = stdout
         .lines()
-        .find_map(|l| l.strip_prefix("RESULT "))
-        .unwrap_or_else(|| panic!("child {flag} {args:?} printed no result:\n{stdout}"))
-        .to_string()
+        .find_map(|l| l.strip_prefix(RESULT))
+        .unwrap_or_else(|| panic!("child {flag} {args:?} printed no result:\n{stdout}"));
+    serde_json::from_str(line).expect("child result")
 }

@@ -58,10 +58,14 @@
 //!
 //! # Where things are
 //!
-//! [`variants`] lists the variants and [`plan`] the scenarios: a new one starts there. A
-//! child ([`child`]) wires its variant up from [`workload`] producers, [`consumers`] and the
-//! [`origin`] port, checks what arrives ([`verify`]) and measures itself ([`measure`]). The
-//! parent runs the [`rounds`], then prints the [`report`] and draws the [`chart`].
+//! - [`variants`]: the variant lists, and how each variant is wired up for a run. A new
+//!   variant starts here.
+//! - [`plan`]: the sizes the flags pick, and the scenario lists. A new scenario starts here.
+//! - In a child ([`child`]): the [`workload`] producers send through the variant, one of the
+//!   [`consumers`] (for `origin_port`, over the [`origin`] port) takes what is due,
+//!   [`verify`] checks it, and [`measure`] reads the figures.
+//! - In the parent: the [`rounds`] start the children, then [`report`] and [`chart`] turn
+//!   their runs into figures, the markdown and the files.
 
 #![forbid(unsafe_code)]
 
@@ -93,18 +97,11 @@ mod rounds;
 
 fn main() {
     let args: Vec<String> = env::args().skip(1).collect();
-    if let Some(at) = args.iter().position(|a| a == "--child") {
-        let result = child::throughput_child(&args[at + 1..]);
-        println!(
-            "RESULT {}",
-            serde_json::to_string(&result).expect("serializable")
-        );
-    } else if let Some(at) = args.iter().position(|a| a == "--lateness-child") {
-        let result = child::lateness_child(&args[at + 1..]);
-        println!(
-            "RESULT {}",
-            serde_json::to_string(&result).expect("serializable")
-        );
+    let after = |flag: &str| Some(&args[args.iter().position(|a| a == flag)? + 1..]);
+    if let Some(rest) = after(child::THROUGHPUT_FLAG) {
+        child::reply(&child::throughput(rest));
+    } else if let Some(rest) = after(child::LATENESS_FLAG) {
+        child::reply(&child::lateness(rest));
     } else {
         parent(&args);
     }

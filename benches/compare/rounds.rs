@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::child::{run_child, LatenessResult, RunResult};
+use crate::child::{self, LatenessResult, RunResult};
 use crate::plan::{self, Plan, LATENESS_KEYS, LATENESS_RATE, LATENESS_WINDOW_MS};
 use crate::report::{median, round2, LatenessOut, ScenarioRuns};
 use crate::variants::LATENESS;
@@ -37,8 +37,7 @@ pub(crate) fn throughput(plan: &Plan) -> Vec<ScenarioRuns> {
                     sc.keys.to_string(),
                     plan.values.to_string(),
                 ];
-                let out = run_child("--child", &child_args);
-                let result: RunResult = serde_json::from_str(&out).expect("child result");
+                let result: RunResult = child::run(child::THROUGHPUT_FLAG, &child_args);
                 eprintln!(
                     "  round {}/{} {:<12} {:<15} {:>9.1} ns/value {:>8.1} MB peak {:>6.2} allocs/value",
                     round + 1,
@@ -75,8 +74,7 @@ pub(crate) fn lateness(plan: &Plan) -> Vec<LatenessOut> {
                     plan.lateness_millis.to_string(),
                     LATENESS_WINDOW_MS.to_string(),
                 ];
-                let out = run_child("--lateness-child", &child_args);
-                let r: LatenessResult = serde_json::from_str(&out).expect("child result");
+                let r: LatenessResult = child::run(child::LATENESS_FLAG, &child_args);
                 eprintln!(
                     "  lateness m={keys:<8} {variant:<15} p50 {:>9.0} us  p99 {:>9.0} us  max {:>9.0} us  early {}",
                     r.p50_us, r.p99_us, r.max_us, r.early

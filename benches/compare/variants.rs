@@ -45,13 +45,8 @@ pub(crate) async fn run<S: Sink>(
         }
         "diy_delayqueue" => {
             let (tx, rx) = mpsc::unbounded_channel();
-            drive(
-                consume_delayqueue(rx, window, sink),
-                MpscTx(tx),
-                &load,
-                limit,
-            )
-            .await
+            let consumer = consume_delayqueue(rx, window, sink);
+            drive(consumer, MpscTx(tx), &load, limit).await
         }
         "diy_binaryheap" => {
             let (tx, rx) = mpsc::unbounded_channel();
