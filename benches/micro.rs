@@ -18,8 +18,10 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
-use keyed_batch::{ordered, timed};
+use criterion::{
+    criterion_group, criterion_main, BatchSize, Bencher, BenchmarkId, Criterion, Throughput,
+};
+use keyed_batch::{ordered, timed, Batch};
 
 use common::mix;
 
@@ -124,7 +126,9 @@ fn recv(c: &mut Criterion) {
     for keys in BATCHES {
         group.throughput(Throughput::Elements(keys));
         group.bench_function(BenchmarkId::new("timed", keys), |b| {
-            b.iter_batched(
+            take_all(
+                b,
+                keys,
                 || {
                     let (tx, rx) = timed::channel::<u64, u64>(Duration::ZERO);
                     for i in 0..keys {
@@ -132,17 +136,13 @@ fn recv(c: &mut Criterion) {
                     }
                     (tx, rx)
                 },
-                |(tx, mut rx)| {
-                    let batch = rx.try_recv().expect("due");
-                    assert_eq!(batch.len() as u64, keys);
-                    // Dropped outside the timing, with the channel.
-                    (batch, tx, rx)
-                },
-                BatchSize::SmallInput,
+                |(_, rx)| rx.try_recv().expect("due"),
             )
         });
         group.bench_function(BenchmarkId::new("ordered", keys), |b| {
-            b.iter_batched(
+            take_all(
+                b,
+                keys,
                 || {
                     let (tx, rx) = ordered::channel::<u32, u64, u64>();
                     for i in 0..keys {
@@ -150,16 +150,30 @@ fn recv(c: &mut Criterion) {
                     }
                     (tx, rx)
                 },
-                |(tx, mut rx)| {
-                    let batch = rx.try_recv().expect("due");
-                    assert_eq!(batch.len() as u64, keys);
-                    (batch, tx, rx)
-                },
-                BatchSize::SmallInput,
+                |(_, rx)| rx.try_recv().expect("due"),
             )
         });
     }
     group.finish();
+}
+
+/// Times one `try_recv` that takes all `keys` keys out of a channel `fill` makes afresh.
+fn take_all<C>(
+    b: &mut Bencher<'_>,
+    keys: u64,
+    fill: impl FnMut() -> C,
+    mut try_recv: impl FnMut(&mut C) -> Batch<u64, u64>,
+) {
+    b.iter_batched(
+        fill,
+        |mut chan| {
+            let batch = try_recv(&mut chan);
+            assert_eq!(batch.len() as u64, keys);
+            // Dropped outside the timing, with the channel.
+            (batch, chan)
+        },
+        BatchSize::SmallInput,
+    )
 }
 
 criterion_group! {
