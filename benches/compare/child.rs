@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::measure::{cpu_ns, proc_status_kb, GLOBAL, IDLE_AFTER_SENT_NS};
 use crate::variants::{self, LATENESS};
 use crate::verify::{LatenessSink, Verifier};
-use crate::workload::{Load, INDEX_BITS};
+use crate::workload::{Burst, Paced, INDEX_BITS};
 
 /// The flag that makes this binary a throughput child.
 pub(crate) const THROUGHPUT_FLAG: &str = "--child";
@@ -69,7 +69,7 @@ pub(crate) fn throughput(args: &[String]) -> RunResult {
 
     let rt = runtime();
     let sink = Verifier::new(keys, values);
-    let load = Load::Burst {
+    let load = Burst {
         producers,
         values,
         keys,
@@ -77,7 +77,9 @@ pub(crate) fn throughput(args: &[String]) -> RunResult {
     let before = GLOBAL.stats();
     let cpu_before = cpu_ns();
     let start = Instant::now();
-    let sink = rt.block_on(variants::run(&variant, window, load, sink, limit));
+    let sink = rt.block_on(variants::run_throughput(
+        &variant, window, load, sink, limit,
+    ));
     // Once everything is sent, a windowed consumer sits waiting for the last deadlines:
     // that wait is the workload's, not the channel's cost, and it would swamp short runs.
     let idle = Duration::from_nanos(IDLE_AFTER_SENT_NS.load(Relaxed));
@@ -121,7 +123,7 @@ pub(crate) fn lateness(args: &[String]) -> LatenessResult {
         window_ns: window.as_nanos() as i64,
         lateness_ns: Vec::with_capacity(total as usize),
     };
-    let load = Load::Paced {
+    let load = Paced {
         total,
         rate,
         keys,

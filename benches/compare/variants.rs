@@ -12,8 +12,8 @@ use crate::consumers::{
     consume_batches, consume_binaryheap, consume_delayqueue, consume_mpsc, consume_origin,
 };
 use crate::origin::OriginQueue;
-use crate::verify::Sink;
-use crate::workload::{HeapTx, Load, MpscTx, OrderedTx, OriginTx, Produce, TimedTx};
+use crate::verify::{Sink, Verifier};
+use crate::workload::{Burst, HeapTx, Load, MpscTx, OrderedTx, OriginTx, Produce, TimedTx};
 
 /// Every variant, in the order the README table shows them. Window 0 scenarios run all.
 pub(crate) const ALL: [&str; 6] = [
@@ -29,28 +29,50 @@ pub(crate) const WINDOWED: [&str; 4] = ["mpsc", "diy_delayqueue", "origin_port",
 /// The variants the lateness scenario runs, in this order.
 pub(crate) const LATENESS: [&str; 3] = ["timed", "diy_delayqueue", "origin_port"];
 
-/// Runs `variant` once: starts its consumer with `sink`, sends `load` through it, and hands
-/// the sink back once every value has arrived, failing the run if that takes over `limit`.
-pub(crate) async fn run<S: Sink>(
+/// Runs `variant` once in a throughput scenario: starts its consumer with `sink`, sends
+/// `load` through it, and hands the sink back once every value has arrived, failing the run
+/// if that takes over `limit`. The variants the lateness scenario runs too are in [`run`].
+pub(crate) async fn run_throughput(
     variant: &str,
     window: Duration,
-    load: Load,
-    sink: S,
+    load: Burst,
+    sink: Verifier,
     limit: Duration,
-) -> S {
+) -> Verifier {
     match variant {
         "mpsc" => {
             let (tx, rx) = mpsc::unbounded_channel();
             drive(consume_mpsc(rx, sink), MpscTx(tx), &load, limit).await
         }
+        "diy_binaryheap" => {
+            let (tx, rx) = mpsc::unbounded_channel();
+            drive(consume_binaryheap(rx, sink), HeapTx(tx), &load, limit).await
+        }
+        "ordered" => {
+            let (tx, rx) = ordered::channel();
+            // This sender stays until the end, as in `timed`.
+            let _open = tx.clone();
+            let consumer = consume_batches(rx, ordered::Receiver::is_empty, sink);
+            drive(consumer, OrderedTx(tx), &load, limit).await
+        }
+        _ => run(variant, window, load, sink, limit).await,
+    }
+}
+
+/// Runs `variant` once, in either scenario: [`run_throughput`] says what a run does. Only
+/// the variants in [`LATENESS`] are here, so that a lateness child compiles no others.
+pub(crate) async fn run<S: Sink>(
+    variant: &str,
+    window: Duration,
+    load: impl Load,
+    sink: S,
+    limit: Duration,
+) -> S {
+    match variant {
         "diy_delayqueue" => {
             let (tx, rx) = mpsc::unbounded_channel();
             let consumer = consume_delayqueue(rx, window, sink);
             drive(consumer, MpscTx(tx), &load, limit).await
-        }
-        "diy_binaryheap" => {
-            let (tx, rx) = mpsc::unbounded_channel();
-            drive(consume_binaryheap(rx, sink), HeapTx(tx), &load, limit).await
         }
         "origin_port" => {
             let queue = Arc::new(OriginQueue::new(window));
@@ -65,12 +87,6 @@ pub(crate) async fn run<S: Sink>(
             let consumer = consume_batches(rx, timed::Receiver::is_empty, sink);
             drive(consumer, TimedTx(tx), &load, limit).await
         }
-        "ordered" => {
-            let (tx, rx) = ordered::channel();
-            let _open = tx.clone();
-            let consumer = consume_batches(rx, ordered::Receiver::is_empty, sink);
-            drive(consumer, OrderedTx(tx), &load, limit).await
-        }
         other => panic!("unknown variant {other}"),
     }
 }
@@ -80,7 +96,7 @@ pub(crate) async fn run<S: Sink>(
 async fn drive<S: Send + 'static>(
     consumer: impl Future<Output = S> + Send + 'static,
     tx: impl Produce,
-    load: &Load,
+    load: &impl Load,
     limit: Duration,
 ) -> S {
     let consumer = tokio::spawn(consumer);

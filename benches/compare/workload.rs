@@ -86,38 +86,35 @@ impl Produce for OriginTx {
 }
 
 /// What the producers send, and how fast.
-pub(crate) enum Load {
-    /// The throughput workload: [`produce_all`].
-    Burst {
-        producers: u64,
-        values: u64,
-        keys: u64,
-    },
-    /// The lateness workload: [`produce_paced`].
-    Paced {
-        total: u64,
-        rate: u64,
-        keys: u64,
-        base: Instant,
-    },
+pub(crate) trait Load {
+    /// Sends the whole load through `tx`, and waits for the producers.
+    async fn send_through<T: Produce>(&self, tx: T);
 }
 
-impl Load {
-    /// Sends the whole load through `tx`, and waits for the producers.
-    pub(crate) async fn send_through<T: Produce>(&self, tx: T) {
-        match *self {
-            Load::Burst {
-                producers,
-                values,
-                keys,
-            } => produce_all(tx, producers, values, keys).await,
-            Load::Paced {
-                total,
-                rate,
-                keys,
-                base,
-            } => produce_paced(tx, total, rate, keys, base).await,
-        }
+/// The throughput workload: [`produce_all`].
+pub(crate) struct Burst {
+    pub(crate) producers: u64,
+    pub(crate) values: u64,
+    pub(crate) keys: u64,
+}
+
+impl Load for Burst {
+    async fn send_through<T: Produce>(&self, tx: T) {
+        produce_all(tx, self.producers, self.values, self.keys).await
+    }
+}
+
+/// The lateness workload: [`produce_paced`].
+pub(crate) struct Paced {
+    pub(crate) total: u64,
+    pub(crate) rate: u64,
+    pub(crate) keys: u64,
+    pub(crate) base: Instant,
+}
+
+impl Load for Paced {
+    async fn send_through<T: Produce>(&self, tx: T) {
+        produce_paced(tx, self.total, self.rate, self.keys, self.base).await
     }
 }
 
