@@ -22,6 +22,7 @@ const ORIGIN_PULL: usize = 100;
 /// The origin's consumer sleeps this long when nothing is due.
 const ORIGIN_NAP: Duration = Duration::from_millis(100);
 
+/// The floor: hands every message on as it comes, one value per delivery.
 pub(crate) async fn consume_mpsc<S: Sink>(
     mut rx: mpsc::UnboundedReceiver<(u64, u64)>,
     mut sink: S,
@@ -162,6 +163,7 @@ where
     sink
 }
 
+/// The origin's consumer: pulls what is due, and naps when nothing is.
 pub(crate) async fn consume_origin<S: Sink>(queue: Arc<OriginQueue>, mut sink: S) -> S {
     while !sink.done() {
         let batch = queue.pull(ORIGIN_PULL);

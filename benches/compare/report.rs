@@ -22,6 +22,11 @@ pub(crate) fn median(xs: &[f64]) -> f64 {
     }
 }
 
+/// `x` rounded to two decimal places.
+pub(crate) fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
 /// Every run of one scenario: variant -> one result per round.
 pub(crate) type Runs = BTreeMap<&'static str, Vec<RunResult>>;
 
@@ -78,39 +83,6 @@ pub(crate) struct Report {
     pub(crate) lateness: Vec<LatenessOut>,
 }
 
-#[derive(Serialize)]
-struct ScenarioOut {
-    name: String,
-    window_ms: u64,
-    producers: u64,
-    keys: u64,
-    results: BTreeMap<String, VariantOut>,
-    ratios: BTreeMap<String, f64>,
-}
-
-#[derive(Serialize)]
-struct VariantOut {
-    ns_per_value: f64,
-    peak_rss_mb: f64,
-    allocs_per_value: f64,
-}
-
-/// The lateness figures of one variant at one key count: medians over rounds, the worst
-/// max, and every early delivery.
-#[derive(Serialize, Clone)]
-pub(crate) struct LatenessOut {
-    pub(crate) keys: u64,
-    pub(crate) variant: String,
-    pub(crate) p50_us: f64,
-    pub(crate) p99_us: f64,
-    pub(crate) max_us: f64,
-    pub(crate) early: u64,
-}
-
-pub(crate) fn round2(x: f64) -> f64 {
-    (x * 100.0).round() / 100.0
-}
-
 impl Report {
     /// The medians and ratios of every scenario that ran, and the lateness figures.
     pub(crate) fn new(scenarios: &[ScenarioRuns], lateness: Vec<LatenessOut>) -> Report {
@@ -141,6 +113,35 @@ impl Report {
             lateness,
         }
     }
+}
+
+#[derive(Serialize)]
+struct ScenarioOut {
+    name: String,
+    window_ms: u64,
+    producers: u64,
+    keys: u64,
+    results: BTreeMap<String, VariantOut>,
+    ratios: BTreeMap<String, f64>,
+}
+
+#[derive(Serialize)]
+struct VariantOut {
+    ns_per_value: f64,
+    peak_rss_mb: f64,
+    allocs_per_value: f64,
+}
+
+/// The lateness figures of one variant at one key count: medians over rounds, the worst
+/// max, and every early delivery.
+#[derive(Serialize, Clone)]
+pub(crate) struct LatenessOut {
+    pub(crate) keys: u64,
+    pub(crate) variant: String,
+    pub(crate) p50_us: f64,
+    pub(crate) p99_us: f64,
+    pub(crate) max_us: f64,
+    pub(crate) early: u64,
 }
 
 fn fmt_ratio(x: Option<f64>) -> String {
