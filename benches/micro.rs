@@ -18,19 +18,17 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
-use keyed_batch::{ordered, timed};
+use criterion::{
+    criterion_group, criterion_main, BatchSize, Bencher, BenchmarkId, Criterion, Throughput,
+};
+use keyed_batch::{ordered, timed, Batch};
+
+use common::mix;
+
+mod common;
 
 const PENDING: [u64; 5] = [100, 1_000, 10_000, 100_000, 1_000_000];
 const BATCHES: [u64; 5] = [1, 10, 100, 1_000, 10_000];
-
-/// A cheap, well-mixed hash (splitmix64's finalizer).
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
 
 /// How many keys a timed stretch sends before the extra keys are taken out again: pending
 /// keys stay within `pending..pending + chunk`.
@@ -128,7 +126,9 @@ fn recv(c: &mut Criterion) {
     for keys in BATCHES {
         group.throughput(Throughput::Elements(keys));
         group.bench_function(BenchmarkId::new("timed", keys), |b| {
-            b.iter_batched(
+            take_all(
+                b,
+                keys,
                 || {
                     let (tx, rx) = timed::channel::<u64, u64>(Duration::ZERO);
                     for i in 0..keys {
@@ -136,17 +136,13 @@ fn recv(c: &mut Criterion) {
                     }
                     (tx, rx)
                 },
-                |(tx, mut rx)| {
-                    let batch = rx.try_recv().expect("due");
-                    assert_eq!(batch.len() as u64, keys);
-                    // Dropped outside the timing, with the channel.
-                    (batch, tx, rx)
-                },
-                BatchSize::SmallInput,
+                |(_, rx)| rx.try_recv().expect("due"),
             )
         });
         group.bench_function(BenchmarkId::new("ordered", keys), |b| {
-            b.iter_batched(
+            take_all(
+                b,
+                keys,
                 || {
                     let (tx, rx) = ordered::channel::<u32, u64, u64>();
                     for i in 0..keys {
@@ -154,16 +150,30 @@ fn recv(c: &mut Criterion) {
                     }
                     (tx, rx)
                 },
-                |(tx, mut rx)| {
-                    let batch = rx.try_recv().expect("due");
-                    assert_eq!(batch.len() as u64, keys);
-                    (batch, tx, rx)
-                },
-                BatchSize::SmallInput,
+                |(_, rx)| rx.try_recv().expect("due"),
             )
         });
     }
     group.finish();
+}
+
+/// Times one `try_recv` that takes all `keys` keys out of a channel `fill` makes afresh.
+fn take_all<C>(
+    b: &mut Bencher<'_>,
+    keys: u64,
+    fill: impl FnMut() -> C,
+    mut try_recv: impl FnMut(&mut C) -> Batch<u64, u64>,
+) {
+    b.iter_batched(
+        fill,
+        |mut chan| {
+            let batch = try_recv(&mut chan);
+            assert_eq!(batch.len() as u64, keys);
+            // Dropped outside the timing, with the channel.
+            (batch, chan)
+        },
+        BatchSize::SmallInput,
+    )
 }
 
 criterion_group! {

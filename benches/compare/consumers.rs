@@ -1,0 +1,180 @@
+//! The consumers: one task per variant that takes what is due and hands it to a [`Sink`].
+
+use std::cmp::Reverse;
+use std::collections::hash_map::Entry;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use keyed_batch::Batch;
+use tokio::sync::mpsc;
+use tokio_util::time::DelayQueue;
+
+use crate::measure::waiting;
+use crate::origin::OriginQueue;
+use crate::verify::Sink;
+
+/// mpsc-based consumers read up to this many messages at a time.
+const RECV_CHUNK: usize = 128;
+/// The origin's demo calls `Pull(100)`.
+const ORIGIN_PULL: usize = 100;
+/// The origin's consumer sleeps this long when nothing is due.
+const ORIGIN_NAP: Duration = Duration::from_millis(100);
+
+/// The floor: hands every message on as it comes, one value per delivery.
+pub(crate) async fn consume_mpsc<S: Sink>(
+    mut rx: mpsc::UnboundedReceiver<(u64, u64)>,
+    mut sink: S,
+) -> S {
+    let mut buf = Vec::with_capacity(RECV_CHUNK);
+    while !sink.done() {
+        let n = waiting(rx.recv_many(&mut buf, RECV_CHUNK)).await;
+        assert!(n > 0, "channel closed early");
+        for (key, value) in buf.drain(..) {
+            sink.deliver(key, &[value]);
+        }
+    }
+    assert!(
+        rx.try_recv().is_err(),
+        "a value arrived after all were seen"
+    );
+    sink
+}
+
+/// The hand-written batcher: a map of pending values and a `DelayQueue` of keys.
+pub(crate) async fn consume_delayqueue<S: Sink>(
+    mut rx: mpsc::UnboundedReceiver<(u64, u64)>,
+    window: Duration,
+    mut sink: S,
+) -> S {
+    let mut pending: HashMap<u64, Vec<u64>> = HashMap::new();
+    let mut timers: DelayQueue<u64> = DelayQueue::new();
+    let mut buf = Vec::with_capacity(RECV_CHUNK);
+    let mut closed = false;
+    while !sink.done() {
+        let expired = waiting(async {
+            tokio::select! {
+                // Expired keys first: read the channel first and tokio's coop budget is
+                // spent on it, so the timer is starved while values keep coming.
+                biased;
+                Some(expired) = timers.next(), if !timers.is_empty() => Some(expired.into_inner()),
+                n = rx.recv_many(&mut buf, RECV_CHUNK), if !closed => {
+                    // Closed: the senders are done, and the timers hold the rest.
+                    closed = n == 0;
+                    None
+                }
+                else => panic!("channel closed with values missing"),
+            }
+        })
+        .await;
+        if let Some(key) = expired {
+            let values = pending
+                .remove(&key)
+                .expect("a timer fires for a pending key");
+            sink.deliver(key, &values);
+        }
+        for (key, value) in buf.drain(..) {
+            match pending.entry(key) {
+                Entry::Occupied(mut entry) => entry.get_mut().push(value),
+                Entry::Vacant(entry) => {
+                    timers.insert(key, window);
+                    entry.insert(vec![value]);
+                }
+            }
+        }
+    }
+    assert!(pending.is_empty() && timers.is_empty(), "values left over");
+    assert!(
+        rx.try_recv().is_err(),
+        "a value arrived after all were seen"
+    );
+    sink
+}
+
+/// The hand-written priority batcher: after each read from the channel, every pending key
+/// goes out in ascending order of its smallest sort key (ties: first arrival).
+pub(crate) async fn consume_binaryheap<S: Sink>(
+    mut rx: mpsc::UnboundedReceiver<(u32, u64, u64)>,
+    mut sink: S,
+) -> S {
+    // key -> (rank, arrival, values); the heap holds (rank, arrival, key), stale entries
+    // are skipped when they come out.
+    let mut pending: HashMap<u64, (u32, u64, Vec<u64>)> = HashMap::new();
+    let mut heap: BinaryHeap<Reverse<(u32, u64, u64)>> = BinaryHeap::new();
+    let mut arrivals = 0;
+    let mut buf = Vec::with_capacity(RECV_CHUNK);
+    while !sink.done() {
+        let n = waiting(rx.recv_many(&mut buf, RECV_CHUNK)).await;
+        assert!(n > 0, "channel closed early");
+        for (sort, key, value) in buf.drain(..) {
+            match pending.entry(key) {
+                Entry::Occupied(mut entry) => {
+                    let slot = entry.get_mut();
+                    slot.2.push(value);
+                    if sort < slot.0 {
+                        slot.0 = sort;
+                        heap.push(Reverse((sort, slot.1, key)));
+                    }
+                }
+                Entry::Vacant(entry) => {
+                    arrivals += 1;
+                    entry.insert((sort, arrivals, vec![value]));
+                    heap.push(Reverse((sort, arrivals, key)));
+                }
+            }
+        }
+        let mut last = 0;
+        while let Some(Reverse((sort, arrival, key))) = heap.pop() {
+            let Entry::Occupied(entry) = pending.entry(key) else {
+                continue;
+            };
+            if (entry.get().0, entry.get().1) != (sort, arrival) {
+                continue;
+            }
+            assert!(sort >= last, "keys out of order");
+            last = sort;
+            let (_, _, values) = entry.remove();
+            sink.deliver(key, &values);
+        }
+    }
+    assert!(pending.is_empty(), "values left over");
+    assert!(
+        rx.try_recv().is_err(),
+        "a value arrived after all were seen"
+    );
+    sink
+}
+
+/// Reads batches from a `timed` or `ordered` receiver; `is_empty` is that receiver's own.
+pub(crate) async fn consume_batches<R, S>(mut rx: R, is_empty: fn(&R) -> bool, mut sink: S) -> S
+where
+    R: Stream<Item = Batch<u64, u64>> + Unpin,
+    S: Sink,
+{
+    while !sink.done() {
+        let batch = waiting(rx.next()).await.expect("channel is open");
+        assert!(!batch.is_empty(), "an empty batch");
+        for (key, values) in &batch {
+            sink.deliver(*key, values);
+        }
+    }
+    assert!(is_empty(&rx), "values left over");
+    sink
+}
+
+/// The origin's consumer: pulls what is due, and naps when nothing is.
+pub(crate) async fn consume_origin<S: Sink>(queue: Arc<OriginQueue>, mut sink: S) -> S {
+    while !sink.done() {
+        let batch = queue.pull(ORIGIN_PULL);
+        if batch.is_empty() {
+            waiting(tokio::time::sleep(ORIGIN_NAP)).await;
+            continue;
+        }
+        for (key, values) in &batch {
+            sink.deliver(*key, values);
+        }
+    }
+    assert!(queue.is_drained(), "values left over");
+    sink
+}
