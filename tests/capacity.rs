@@ -262,3 +262,39 @@ async fn ordered_send_waits_for_room() {
     assert_ready!(send.poll()).unwrap();
     assert_eq!(rx.recv().await, Some(vec![("b", vec![2])]));
 }
+
+/// Limits: `blocking_send` from async code panics with a clear message, as tokio's does,
+/// whether or not there is room: blocking the thread could stall the task that makes room.
+/// It used to hang when it had to wait.
+#[tokio::test]
+async fn blocking_send_in_async_code_panics() {
+    let (tx, rx) = timed::Builder::new(WINDOW).capacity(1).build::<&str, u32>();
+    let panicked =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tx.blocking_send("a", 1)));
+    let message = panicked.expect_err("blocking_send in async code must panic");
+    let message = message
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or(message.downcast_ref::<&str>().copied())
+        .unwrap_or_default();
+    assert!(message.contains("runtime"), "unclear message: {message}");
+    assert!(rx.is_empty(), "nothing went in");
+}
+
+/// Limits: `blocking_send` works on a `spawn_blocking` thread, waiting there for room
+/// while the runtime drains the channel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_send_on_a_blocking_thread() {
+    let (tx, mut rx) = ordered::Builder::new().capacity(1).build();
+    let producer = tokio::task::spawn_blocking(move || {
+        for i in 0..20u32 {
+            tx.blocking_send(i, "k", i).unwrap();
+        }
+    });
+    let mut got = Vec::new();
+    while let Some(batch) = rx.recv().await {
+        got.extend(batch.into_iter().flat_map(|(_, values)| values));
+    }
+    producer.await.unwrap();
+    assert_eq!(got, (0..20).collect::<Vec<_>>());
+}

@@ -476,6 +476,132 @@ async fn refused_and_cancelled_values_drop_once() {
     tracker.assert_all_dropped_once();
 }
 
+// ===== user Drop that uses the channel =====
+
+thread_local! {
+    /// What a `Reentrant` does when dropped, on this thread: here, use the channel.
+    static ON_DROP: std::cell::RefCell<Option<Box<dyn Fn()>>> = const { std::cell::RefCell::new(None) };
+    /// How many `Reentrant`s ran the hook.
+    static HOOKED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// A key or sort key whose `Drop` calls back into the channel. Dropped under the channel's
+/// lock, it would deadlock.
+#[derive(Debug, Clone)]
+struct Reentrant(u32);
+
+impl Drop for Reentrant {
+    fn drop(&mut self) {
+        ON_DROP.with(|hook| {
+            if let Some(hook) = &*hook.borrow() {
+                hook();
+                HOOKED.with(|n| n.set(n.get() + 1));
+            }
+        });
+    }
+}
+
+impl PartialEq for Reentrant {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl Eq for Reentrant {}
+
+impl std::hash::Hash for Reentrant {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
+    }
+}
+
+impl PartialOrd for Reentrant {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Reentrant {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.cmp(&other.0)
+    }
+}
+
+/// Runs `f` with every `Reentrant` drop calling `hook`; returns how many drops did.
+fn with_drop_hook(hook: impl Fn() + 'static, f: impl FnOnce()) -> usize {
+    HOOKED.with(|n| n.set(0));
+    ON_DROP.with(|h| *h.borrow_mut() = Some(Box::new(hook)));
+    f();
+    let hook = ON_DROP.with(|h| h.borrow_mut().take());
+    drop(hook);
+    HOOKED.with(|n| n.get())
+}
+
+/// A send to a pending key drops the key it brought, and that drop used to happen under the
+/// lock: a `Drop` that used the channel deadlocked. Now it runs after the lock.
+#[test]
+fn spare_key_is_dropped_outside_the_lock() {
+    on_thread("spare key", || {
+        let (tx, mut rx) = timed::channel::<Reentrant, u32>(Duration::ZERO);
+        let probe = tx.clone();
+        let hooked = with_drop_hook(
+            move || assert_eq!(probe.len(), probe.len()),
+            || {
+                tx.try_send(Reentrant(1), 1).unwrap();
+                tx.try_send(Reentrant(1), 2).unwrap();
+            },
+        );
+        assert_eq!(hooked, 1);
+        assert_eq!(rx.try_recv(), Ok(vec![(Reentrant(1), vec![1, 2])]));
+    });
+}
+
+/// In `ordered`, a sort key that does not lower its key's rank is dropped, after the lock.
+#[test]
+fn spare_sort_key_is_dropped_outside_the_lock() {
+    on_thread("spare sort key", || {
+        let (tx, mut rx) = ordered::channel::<Reentrant, &str, u32>();
+        let probe = tx.clone();
+        let hooked = with_drop_hook(
+            move || assert!(!probe.is_closed()),
+            || {
+                tx.try_send(Reentrant(1), "a", 1).unwrap();
+                tx.try_send(Reentrant(5), "a", 2).unwrap();
+            },
+        );
+        assert_eq!(hooked, 1);
+        assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1, 2])]));
+    });
+}
+
+/// In `ordered`, lowering a rank replaces it and leaves a stale index entry behind; both
+/// ranks are dropped after the lock, whenever the queue lets go of them.
+#[test]
+fn replaced_and_stale_ranks_are_dropped_outside_the_lock() {
+    on_thread("stale ranks", || {
+        let (tx, mut rx) = ordered::channel::<Reentrant, &str, u32>();
+        let probe = tx.clone();
+        let hooked = with_drop_hook(
+            move || {
+                let _ = probe.stats();
+            },
+            || {
+                tx.try_send(Reentrant(5), "a", 1).unwrap();
+                tx.try_send(Reentrant(6), "b", 2).unwrap();
+                tx.try_send(Reentrant(1), "a", 3).unwrap();
+                tx.try_send(Reentrant(0), "b", 4).unwrap();
+                assert_eq!(
+                    rx.try_recv(),
+                    Ok(vec![("b", vec![2, 4]), ("a", vec![1, 3])])
+                );
+            },
+        );
+        // Two replaced slot ranks, two stale tickets, two delivered ranks and two live
+        // tickets: every rank the channel held was dropped by then, none under the lock.
+        assert!(hooked >= 6, "only {hooked} drops ran the hook");
+    });
+}
+
 // ===== consumers that panic, runtimes that go away =====
 
 /// A consumer task that panics while holding a batch does not stop the other receiver:

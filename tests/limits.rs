@@ -582,6 +582,89 @@ async fn new_key_waits_existing_key_goes_in_ordered() {
     assert_eq!(rx.try_recv(), Ok(vec![("c", vec![3])]));
 }
 
+/// `max_keys` keeps per-key order. Two sends for a new key "b" wait; when a slot frees, the
+/// first goes in and "b" is pending. The second used to stay asleep, so a later
+/// `try_send("b", 3)` overtook it and the batches came out `[1, 3]`, then `[2]`. Now the
+/// second is woken, and `try_send` waits its turn.
+#[tokio::test(start_paused = true)]
+async fn max_keys_keeps_per_key_order() {
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO).max_keys(1).build();
+    tx.send("a", 0).await.unwrap();
+    let mut first = task::spawn(tx.send("b", 1));
+    let mut second = task::spawn(tx.send("b", 2));
+    assert_pending!(first.poll());
+    assert_pending!(second.poll());
+
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![0])]));
+    assert_ready_ok!(first.poll());
+    assert_eq!(tx.try_send("b", 3), Err(TrySendError::Full(("b", 3))));
+    assert!(
+        second.is_woken(),
+        "the key became pending: the next send of it may go in"
+    );
+    assert_ready_ok!(second.poll());
+    tx.try_send("b", 3).unwrap();
+    assert_eq!(rx.try_recv(), Ok(vec![("b", vec![1, 2, 3])]));
+}
+
+/// The same through spawned tasks, the way producers run: every producer's values of one
+/// key arrive in the order it sent them.
+#[tokio::test(start_paused = true)]
+async fn max_keys_keeps_per_key_order_across_tasks() {
+    let (tx, mut rx) = timed::Builder::new(ms(5)).max_keys(2).build();
+    let producers: Vec<_> = (0..4u32)
+        .map(|p| {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                for i in 0..50u32 {
+                    tx.send(p % 3, (p, i)).await.unwrap();
+                    if i % 7 == 0 {
+                        tokio::task::yield_now().await;
+                    }
+                }
+            })
+        })
+        .collect();
+    drop(tx);
+    let mut seen: std::collections::HashMap<u32, u32> = Default::default();
+    let mut count = 0;
+    while let Some(batch) = rx.recv().await {
+        for (key, values) in batch {
+            for (p, i) in values {
+                assert_eq!(key, p % 3);
+                let next = seen.entry(p).or_default();
+                assert_eq!(i, *next, "producer {p}'s values out of order");
+                *next += 1;
+                count += 1;
+            }
+        }
+    }
+    for producer in producers {
+        producer.await.unwrap();
+    }
+    assert_eq!(count, 200);
+}
+
+/// `max_keys` keeps per-key order when the key becomes pending through `requeue`: the
+/// waiting send of that key is woken and goes in, behind the requeued values.
+#[tokio::test(start_paused = true)]
+async fn max_keys_requeue_wakes_the_waiting_send_of_that_key() {
+    let (tx, mut rx) = ordered::Builder::new().max_keys(1).build();
+    tx.send(1, "b", 1).await.unwrap();
+    let (key, values) = rx.try_recv().unwrap().remove(0);
+    tx.send(1, "a", 2).await.unwrap();
+    let mut send_b = task::spawn(tx.send(1, "b", 3));
+    assert_pending!(send_b.poll());
+    rx.requeue(0, key, values).unwrap();
+    assert!(send_b.is_woken());
+    assert_ready_ok!(send_b.poll());
+    assert_eq!(tx.try_send(1, "b", 4), Ok(()));
+    assert_eq!(
+        rx.try_recv(),
+        Ok(vec![("b", vec![1, 3, 4]), ("a", vec![2])])
+    );
+}
+
 /// `max_keys`: a key split by `max_batch` is still pending and keeps its slot; the waiting
 /// new-key send proceeds only once the key is fully delivered.
 #[tokio::test(start_paused = true)]

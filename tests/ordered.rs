@@ -257,3 +257,25 @@ fn zero_max_batch_panics() {
 fn zero_capacity_panics() {
     let _ = Builder::new().capacity(0);
 }
+
+/// Receivers are `FusedStream`s: `futures::select!` with `select_next_some()` compiles and
+/// drains the channel, and `is_terminated` is true once the stream has ended.
+#[tokio::test]
+async fn fused_stream_in_futures_select() {
+    use futures::stream::FusedStream;
+
+    let (tx, mut rx) = ordered::channel();
+    tx.send(2, "b", 'x').await.unwrap();
+    tx.send(1, "a", 'y').await.unwrap();
+    drop(tx);
+    assert!(!rx.is_terminated());
+    let mut got = Vec::new();
+    loop {
+        futures::select! {
+            batch = rx.select_next_some() => got.push(batch),
+            complete => break,
+        }
+    }
+    assert_eq!(got, vec![vec![("a", vec!['y']), ("b", vec!['x'])]]);
+    assert!(rx.is_terminated());
+}

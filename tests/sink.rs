@@ -8,7 +8,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use futures::{stream, Sink, SinkExt, StreamExt};
-use keyed_batch::error::SendError;
+use keyed_batch::error::{SendError, TrySendError};
 use keyed_batch::{ordered, timed};
 use tokio::time::{advance, Instant};
 use tokio_test::task::{self, Spawn};
@@ -425,4 +425,79 @@ async fn abandoned_sink_send_at_capacity_one() {
     assert_eq!(rx.drain_now(), vec![vec![("d", vec![4])]]);
     SinkExt::flush(&mut tx).await.unwrap();
     assert_eq!(rx.drain_now(), vec![vec![("b", vec![2])]]);
+}
+
+// ===== closing a sink =====
+
+/// `SinkExt::close` disconnects the handle: it was the last sender, so the channel closes,
+/// the stream delivers what is pending and ends, and the closed handle refuses later sends.
+#[tokio::test(start_paused = true)]
+async fn sink_close_of_the_last_sender_closes_the_channel() {
+    let (mut tx, mut rx) = timed::channel(secs(60));
+    SinkExt::send(&mut tx, ("a", 1)).await.unwrap();
+    SinkExt::close(&mut tx).await.unwrap();
+    assert!(tx.is_closed());
+    assert_eq!(rx.recv().await, Some(vec![("a", vec![1])]));
+    assert_eq!(rx.recv().await, None);
+    assert_eq!(tx.try_send("b", 2), Err(TrySendError::Closed(("b", 2))));
+    assert_eq!(tx.send("b", 3).await, Err(SendError(("b", 3))));
+    assert_eq!(
+        SinkExt::send(&mut tx, ("b", 4)).await,
+        Err(SendError(None)),
+        "poll_ready refuses on a closed handle"
+    );
+}
+
+/// Closing one of two senders leaves the channel open for the other; the closed handle
+/// refuses, and so does a clone of it, which does not count as a sender either.
+#[tokio::test(start_paused = true)]
+async fn sink_close_of_one_sender_disconnects_only_it() {
+    let (mut tx, mut rx) = ordered::channel();
+    let other = tx.clone();
+    SinkExt::close(&mut tx).await.unwrap();
+    assert!(tx.is_closed());
+    assert!(!other.is_closed());
+    assert_eq!(rx.stats().senders, 1);
+    let clone = tx.clone();
+    assert!(clone.is_closed());
+    assert_eq!(
+        clone.try_send(1, "a", 1),
+        Err(TrySendError::Closed((1, "a", 1)))
+    );
+    drop((tx, clone));
+    other.try_send(1, "b", 2).unwrap();
+    assert_eq!(rx.try_recv(), Ok(vec![("b", vec![2])]));
+    drop(other);
+    assert_eq!(rx.recv().await, None);
+}
+
+/// `poll_ready` on a closed channel, with nothing taken, returns the error at once.
+#[tokio::test(start_paused = true)]
+async fn poll_ready_on_a_closed_channel_fails() {
+    let (tx, rx) = timed::channel::<&str, u32>(secs(1));
+    let mut sink = task::spawn(tx);
+    assert_ready_ok!(ready(&mut sink));
+    drop(rx);
+    assert_ready_eq!(ready(&mut sink), Err(SendError(None)));
+}
+
+/// A sink closed while it holds a value that waits for room sends it first, once there is
+/// room, then disconnects.
+#[tokio::test(start_paused = true)]
+async fn sink_close_sends_what_it_holds_first() {
+    let (mut tx, mut rx) = timed::Builder::new(Duration::ZERO).capacity(1).build();
+    tx.try_send("a", 1).unwrap();
+    let consumer = tokio::spawn(async move {
+        let mut got = Vec::new();
+        while let Some(batch) = rx.recv().await {
+            got.extend(batch);
+            tokio::time::sleep(ms(5)).await;
+        }
+        got
+    });
+    SinkExt::send(&mut tx, ("b", 2)).await.unwrap();
+    tx.start_send_unpin(("c", 3)).unwrap();
+    SinkExt::close(&mut tx).await.unwrap();
+    let got = consumer.await.unwrap();
+    assert_eq!(got, vec![("a", vec![1]), ("b", vec![2]), ("c", vec![3])]);
 }

@@ -557,6 +557,151 @@ async fn recv_dropped_after_wake_loses_nothing() {
     assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1])]));
 }
 
+// ===== timers and paused time =====
+
+/// Waits, with no timer of its own, for a plain thread to answer after `real` real time:
+/// an idle wait like a socket read. Under paused time the runtime advances the clock only
+/// to timers that are set, so this returns how far a stray timer moved the clock.
+async fn idle_wait(real: Duration) -> Duration {
+    let start = Instant::now();
+    let (done, wait) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        std::thread::sleep(real);
+        done.send(()).unwrap();
+    });
+    wait.await.unwrap();
+    Instant::now() - start
+}
+
+/// No polling: a receiver that got its batch before its deadline (here by a flush) holds no
+/// timer. It used to park its timer 30 years ahead, which made an idle wait on anything
+/// else jump the paused clock 30 years.
+#[tokio::test(start_paused = true)]
+async fn early_batch_leaves_no_timer() {
+    let (tx, mut rx) = timed::channel(common::time::HOUR);
+    tx.send("k", 1).await.unwrap();
+    let mut recv = task::spawn(rx.recv());
+    assert_pending!(recv.poll());
+    tx.flush(&"k");
+    assert_eq!(assert_ready!(recv.poll()), Some(vec![("k", vec![1])]));
+    drop(recv);
+    assert!(
+        idle_wait(ms(20)).await < secs(1),
+        "a stray timer moved the clock"
+    );
+}
+
+/// No polling: a cancelled `recv` drops its timer. It used to stay armed for the old
+/// deadline, so an idle wait let a 1-hour window expire during a 20 ms wait.
+#[tokio::test(start_paused = true)]
+async fn cancelled_recv_leaves_no_timer() {
+    let (tx, mut rx) = timed::channel(common::time::HOUR);
+    tx.send("k", 1).await.unwrap();
+    let cancelled = tokio::time::timeout(ms(10), rx.recv()).await;
+    assert!(cancelled.is_err());
+    assert!(
+        idle_wait(ms(20)).await < secs(1),
+        "a stray timer moved the clock"
+    );
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+}
+
+/// No polling: after a close delivered everything early, the receiver holds no timer.
+#[tokio::test(start_paused = true)]
+async fn close_leaves_no_timer() {
+    let (tx, mut rx) = timed::channel(common::time::HOUR);
+    tx.send("k", 1).await.unwrap();
+    let mut recv = task::spawn(rx.recv());
+    assert_pending!(recv.poll());
+    drop(tx);
+    assert_eq!(assert_ready!(recv.poll()), Some(vec![("k", vec![1])]));
+    drop(recv);
+    assert!(
+        idle_wait(ms(20)).await < secs(1),
+        "a stray timer moved the clock"
+    );
+    assert_eq!(rx.recv().await, None);
+}
+
+// ===== extreme times =====
+
+/// Past about 146 years from the channel's start, a deadline in nanoseconds no longer fits.
+const CENTURY_AND_A_HALF: Duration = secs(150 * 365 * 24 * 3600);
+
+/// Far past the 30 years windows used to be cut to, and within the range the clock keeps.
+const CENTURY: Duration = secs(100 * 365 * 24 * 3600);
+
+/// When a key is due: a window too long to represent means "not before a flush or a close",
+/// never early. Windows used to be cut to 30 years.
+#[tokio::test(start_paused = true)]
+async fn unreachable_window_never_comes_due() {
+    let (tx, mut rx) = timed::channel(CENTURY_AND_A_HALF * 2);
+    tx.send("k", 1).await.unwrap();
+    assert_eq!(rx.next_deadline(), None);
+    advance(CENTURY).await;
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    tx.flush(&"k");
+    assert_eq!(rx.try_recv(), Ok(vec![("k", vec![1])]));
+}
+
+/// When a key is due: a window of 40 years is kept, not cut to 30.
+#[tokio::test(start_paused = true)]
+async fn long_window_is_kept() {
+    let forty_years = secs(40 * 365 * 24 * 3600);
+    let (tx, mut rx) = timed::channel(forty_years);
+    let start = Instant::now();
+    tx.send("k", 1).await.unwrap();
+    assert_eq!(rx.next_deadline(), Some(start + forty_years));
+    advance(forty_years - secs(1)).await;
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    advance(secs(1)).await;
+    assert_eq!(rx.try_recv(), Ok(vec![("k", vec![1])]));
+}
+
+/// When a key is due: a `send_by` deadline past the representable range used to be cut
+/// short and came decades early; now it waits for a flush or a close.
+#[tokio::test(start_paused = true)]
+async fn unreachable_send_by_is_never_early() {
+    let (tx, mut rx) = timed::channel(CENTURY_AND_A_HALF * 3);
+    let far = Instant::now() + CENTURY_AND_A_HALF * 2;
+    tx.send_by("k", 1, far).await.unwrap();
+    assert_eq!(rx.next_deadline(), None);
+    advance(CENTURY).await;
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    rx.close();
+    assert_eq!(rx.try_recv(), Ok(vec![("k", vec![1])]));
+}
+
+/// When a key is due: "by" means "at the latest". A `send_by` deadline later than the window
+/// does not hold a new key back past the window.
+#[tokio::test(start_paused = true)]
+async fn send_by_later_than_the_window_is_due_at_the_window() {
+    let (tx, mut rx) = timed::channel(WINDOW);
+    let start = Instant::now();
+    tx.send_by("k", 1, start + WINDOW * 6).await.unwrap();
+    assert_eq!(rx.next_deadline(), Some(start + WINDOW));
+    advance(WINDOW - ms(1)).await;
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    advance(ms(1)).await;
+    assert_eq!(rx.try_recv(), Ok(vec![("k", vec![1])]));
+}
+
+/// `next_deadline` after a close: everything is due at once, so it is the close time, not
+/// `now + window`.
+#[tokio::test(start_paused = true)]
+async fn next_deadline_after_close() {
+    let (tx, rx) = timed::channel(WINDOW);
+    tx.send("k", 1).await.unwrap();
+    advance(secs(2)).await;
+    let closed_at = Instant::now();
+    rx.close();
+    advance(secs(1)).await;
+    assert_eq!(rx.next_deadline(), Some(closed_at));
+    let (tx, rx) = timed::channel::<&str, u32>(WINDOW);
+    drop(tx);
+    assert_eq!(rx.next_deadline(), None, "nothing pending");
+}
+
 // ===== stream, counters, errors =====
 
 /// The receiver is a `Stream` of batches that composes with `StreamExt`, each batch arriving
@@ -653,6 +798,29 @@ async fn counters() {
     assert!(rx.is_empty());
     assert!(tx.is_empty());
     assert_eq!(rx.key_count(), 0);
+}
+
+/// Receivers are `FusedStream`s: `futures::select!` with `select_next_some()` compiles, and
+/// `is_terminated` is true once the stream has ended.
+#[tokio::test(start_paused = true)]
+async fn fused_stream_in_futures_select() {
+    use futures::stream::FusedStream;
+
+    let (tx, mut rx) = timed::channel(WINDOW);
+    tx.send("k", 1).await.unwrap();
+    drop(tx);
+    let mut got = Vec::new();
+    let mut ticks = futures::stream::repeat(()).take(3).fuse();
+    loop {
+        futures::select! {
+            batch = rx.select_next_some() => got.push(batch),
+            () = ticks.select_next_some() => {}
+            complete => break,
+        }
+    }
+    assert_eq!(got, vec![vec![("k", vec![1])]]);
+    assert!(rx.is_terminated());
+    assert_eq!(rx.next().await, None);
 }
 
 // ===== builder =====
