@@ -422,6 +422,21 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
         true
     }
 
+    /// The rank `input` gives a key on its own (a flush, a requeue), and the time now;
+    /// `last_now` is the state's last clock reading.
+    fn rank_alone(&self, last_now: &mut Option<u64>, input: F::Input) -> (F::Rank, u64) {
+        let mut clock = Clock::new(self.epoch, last_now);
+        let joining = Joining {
+            current: None,
+            values: 0,
+            weight: 0,
+            config: &self.config,
+            clock: &mut clock,
+        };
+        let rank = F::rank(input, joining).expect("a key on its own has a rank");
+        (rank, clock.now())
+    }
+
     fn item(&self, input: F::Input, key: K, value: V) -> Item<F, K, V>
     where
         K: Hash,
@@ -912,15 +927,7 @@ impl<F: Flavor, K, V> Tx<F, K, V> {
         let chan = &*self.chan;
         let mut guard = chan.lock();
         let state = &mut *guard;
-        let mut clock = Clock::new(chan.epoch, &mut state.last_now);
-        let joining = Joining {
-            current: None,
-            values: 0,
-            weight: 0,
-            config: &chan.config,
-            clock: &mut clock,
-        };
-        let rank = F::rank(input, joining).expect("a rank for a key that may not be pending");
+        let (rank, _) = chan.rank_alone(&mut state.last_now, input);
         let moved = match (key, hash) {
             (Some(key), Some(hash)) => state.queue.promote_hashed(hash, key, rank),
             _ => state.queue.promote_all(rank),
@@ -1126,16 +1133,7 @@ where
         }
         let state = &mut *guard;
         let count = values.len() as u64;
-        let mut clock = Clock::new(chan.epoch, &mut state.last_now);
-        let joining = Joining {
-            current: None,
-            values: 0,
-            weight: 0,
-            config: &chan.config,
-            clock: &mut clock,
-        };
-        let rank = F::rank(input, joining).expect("a rank for a key that may not be pending");
-        let now = clock.now();
+        let (rank, now) = chan.rank_alone(&mut state.last_now, input);
         let items = Items::Prepend(values, weights);
         let inserted = state.queue.insert(hash, key, items, |_, _, _| Some(rank));
         state.counts.requeued += count;

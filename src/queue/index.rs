@@ -8,6 +8,8 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};
 use std::mem;
 
+use super::slot::Slot;
+
 /// An index entry. A ticket is *stale* once its slot is gone or has a newer ticket.
 pub(super) struct Ticket<R> {
     pub(super) rank: R,
@@ -173,6 +175,35 @@ impl<R> Index<R> {
         } else {
             self.heap.push(Reverse(ticket));
         }
+    }
+
+    /// Gives `slot` the smaller `rank`, under a new ticket `id`; its old ticket goes stale.
+    /// Hands `rank` back if it is not smaller. Calls user `Ord` and `Clone`, guarded.
+    pub(super) fn lower<K, V>(
+        &mut self,
+        slot: &mut Slot<R, K, V>,
+        rank: R,
+        id: u64,
+    ) -> Result<(), R>
+    where
+        R: Ord + Clone,
+    {
+        let rank = self.guard(|index| {
+            if rank >= slot.rank {
+                return Err(rank);
+            }
+            index.push(Ticket {
+                rank: rank.clone(),
+                seq: slot.seq,
+                id,
+                hash: slot.hash,
+            });
+            Ok(rank)
+        })?;
+        let old = mem::replace(&mut slot.rank, rank);
+        slot.ticket = id;
+        self.discard(old);
+        Ok(())
     }
 
     /// Drops stale tickets from both fronts, restoring the invariant.

@@ -439,23 +439,8 @@ where
         let Some(slot) = self.slots.find_mut(hash, |s| s.key == *key) else {
             return false;
         };
-        let lowered = self.index.guard(|index| {
-            if rank >= slot.rank {
-                return Err(rank);
-            }
-            index.push(Ticket {
-                rank: rank.clone(),
-                seq: slot.seq,
-                id,
-                hash,
-            });
-            Ok(rank)
-        });
-        match lowered {
-            Ok(rank) => {
-                let old = std::mem::replace(&mut slot.rank, rank);
-                slot.ticket = id;
-                self.index.discard(old);
+        match self.index.lower(slot, rank, id) {
+            Ok(()) => {
                 self.settle_stale();
                 self.leads(id)
             }
@@ -768,27 +753,12 @@ where
                     slot.values.len() + count,
                     slot.weight() + weight,
                 );
-                let lowered = index.guard(|index| match rank {
-                    Some(rank) if rank < slot.rank => {
-                        index.push(Ticket {
-                            rank: rank.clone(),
-                            seq: slot.seq,
-                            id,
-                            hash,
-                        });
-                        Ok(rank)
-                    }
-                    other => Err(other),
-                });
+                let lowered = match rank {
+                    Some(rank) => index.lower(slot, rank, id).map_err(Some),
+                    None => Err(None),
+                };
                 let was_lowered = lowered.is_ok();
-                match lowered {
-                    Ok(rank) => {
-                        let old = std::mem::replace(&mut slot.rank, rank);
-                        slot.ticket = id;
-                        index.discard(old);
-                    }
-                    Err(spare) => inserted.spare_rank = spare,
-                }
+                inserted.spare_rank = lowered.err().flatten();
                 slot.add(items);
                 inserted.spare_key = Some(key);
                 inserted.leads = was_lowered;
