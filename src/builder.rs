@@ -204,6 +204,36 @@ impl<F, W> Builder<F, W> {
         Config::set(&mut self.config.max_keys, n, "max_keys");
         self
     }
+
+    /// For an acknowledging channel (`acked()`): the most times values are handed out. A
+    /// retry after the `n`-th attempt sends them to the dead letters instead of back into
+    /// the queue. Off by default: values are retried for as long as they fail.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `n` is 0.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::ordered::Builder;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let (tx, mut rx) = Builder::new().max_attempts(2).acked();
+    /// let mut dead = rx.dead_letters();
+    /// tx.try_send(0, "k", 1).unwrap();
+    /// rx.try_recv().unwrap().remove(0).retry().await.unwrap(); // attempt 1 failed
+    /// rx.try_recv().unwrap().remove(0).retry().await.unwrap(); // attempt 2 failed
+    /// assert_eq!(dead.try_recv().unwrap().attempts, 2);
+    /// # }
+    /// ```
+    #[track_caller]
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        assert!(n > 0, "max_attempts must be at least 1");
+        self.config.max_attempts = n;
+        self
+    }
 }
 
 impl<F, W: Clone> Clone for Builder<F, W> {

@@ -21,6 +21,9 @@ pub(crate) struct Config {
     pub(crate) max_values_per_key: usize,
     /// A key of this weight is due at once (`timed` only).
     pub(crate) max_key_weight: usize,
+    /// Acknowledging channels: the most times values are handed out before a retry sends
+    /// them to the dead letters. `u32::MAX` means no limit.
+    pub(crate) max_attempts: u32,
 }
 
 impl Config {
@@ -34,6 +37,7 @@ impl Config {
             window,
             max_values_per_key: usize::MAX,
             max_key_weight: usize::MAX,
+            max_attempts: u32::MAX,
         }
     }
 

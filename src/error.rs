@@ -205,3 +205,47 @@ impl fmt::Display for TryRecvError {
 }
 
 impl Error for TryRecvError {}
+
+/// Why a decision on a [`Delivery`](crate::ack::Delivery) did not take effect: the output of
+/// the futures that `ack`, `retry`, `retry_after` and `give_up` return.
+///
+/// An in-memory channel never returns it: its decisions take effect when they are made.
+/// Modes whose decisions are I/O can.
+///
+/// # Examples
+///
+/// ```
+/// use keyed_batch::error::DeliveryError;
+///
+/// assert_eq!(DeliveryError::LeaseLost.to_string(), "the delivery's lease ran out");
+/// ```
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum DeliveryError {
+    /// The delivery's lease ran out before the decision arrived, and its values went to
+    /// another receiver. Only a channel whose deliveries are leased returns it.
+    LeaseLost,
+    /// The decision could not be recorded. Only a channel that records its decisions, to
+    /// survive a crash, returns it.
+    Io(std::sync::Arc<std::io::Error>),
+}
+
+// ===== impl DeliveryError =====
+
+impl fmt::Display for DeliveryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeliveryError::LeaseLost => f.write_str("the delivery's lease ran out"),
+            DeliveryError::Io(err) => write!(f, "the decision could not be recorded: {err}"),
+        }
+    }
+}
+
+impl Error for DeliveryError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        match self {
+            DeliveryError::LeaseLost => None,
+            DeliveryError::Io(err) => Some(&**err),
+        }
+    }
+}

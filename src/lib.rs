@@ -169,6 +169,7 @@
     unreachable_pub
 )]
 
+pub mod ack;
 pub mod builder;
 mod chan;
 mod config;

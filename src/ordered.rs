@@ -33,6 +33,7 @@ use std::time::Duration;
 use futures_core::stream::{FusedStream, Stream};
 use futures_sink::Sink;
 
+use crate::ack::{DeadLetters, Delivery};
 use crate::builder;
 use crate::chan;
 use crate::config::{Config, Weigher};
@@ -62,6 +63,10 @@ impl<S> Flavor for SortKeys<S> {
 
     fn deadline(_: &S) -> Option<u64> {
         None
+    }
+
+    fn retried(sort_key: S, _: u64) -> S {
+        sort_key
     }
 }
 
@@ -142,8 +147,39 @@ impl<W> Builder<W> {
     where
         W: Weigher<V>,
     {
-        let (tx, rx) = chan::channel(self.config, self.weigher);
+        let (tx, rx) = chan::channel(self.config, self.weigher, false);
         (Sender { inner: tx }, Receiver { inner: rx })
+    }
+
+    /// Creates an acknowledging channel: its receiver hands out a [`Delivery`] per key,
+    /// and a key's newer values wait until that delivery is decided. See [`AckReceiver`].
+    ///
+    /// Sort keys, keys and values must be `Send + 'static`: a delivery can be decided from
+    /// any task.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::ordered::Builder;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let (tx, mut rx) = Builder::new().acked();
+    /// tx.send(1, "k", 'v').await.unwrap();
+    /// for delivery in rx.recv().await.unwrap() {
+    ///     delivery.ack().await.unwrap();
+    /// }
+    /// # }
+    /// ```
+    pub fn acked<S, K, V>(self) -> (Sender<S, K, V>, AckReceiver<S, K, V>)
+    where
+        S: Ord + Clone + Send + 'static,
+        K: Hash + Eq + Clone + Send + 'static,
+        V: Send + 'static,
+        W: Weigher<V>,
+    {
+        let (tx, rx) = chan::channel(self.config, self.weigher, true);
+        (Sender { inner: tx }, AckReceiver { inner: rx })
     }
 }
 
@@ -730,5 +766,287 @@ impl<S, K, V> Clone for Receiver<S, K, V> {
 impl<S, K, V> fmt::Debug for Receiver<S, K, V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Receiver").finish_non_exhaustive()
+    }
+}
+
+/// Receives batches of [`Delivery`]s from an acknowledging `ordered` channel, made by
+/// [`Builder::acked`].
+///
+/// Batches come out as from a [`Receiver`]: the best-ranked keys, under the same caps. But
+/// each key comes as a [`Delivery`] to decide, and its newer values wait until it is: the
+/// rules are those of [`timed::AckReceiver`](crate::timed::AckReceiver#rules). A retried key
+/// ranks by the smaller of the sort key it went out with and those of its newer values;
+/// `retry_after` holds it for its delay.
+///
+/// # Examples
+///
+/// ```
+/// use keyed_batch::ordered;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let (tx, mut rx) = ordered::Builder::new().acked();
+/// tx.send(1, "urgent", 'a').await.unwrap();
+/// tx.send(5, "later", 'b').await.unwrap();
+/// let batch = rx.recv().await.unwrap();
+/// assert_eq!(batch[0].key(), &"urgent");
+/// for delivery in batch {
+///     delivery.ack().await.unwrap();
+/// }
+/// # }
+/// ```
+pub struct AckReceiver<S, K, V> {
+    inner: chan::Rx<SortKeys<S>, K, V>,
+}
+
+impl<S, K, V> AckReceiver<S, K, V>
+where
+    S: Ord + Clone + Send + 'static,
+    K: Hash + Eq + Clone + Send + 'static,
+    V: Send + 'static,
+{
+    /// Waits for the next batch of deliveries; `None` once the channel is closed, drained,
+    /// and every delivery decided.
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is cancel safe: if it is dropped before it completes, no value has left
+    /// the channel and no key is in flight, and the receiver stops waiting.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::ordered;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let (tx, mut rx) = ordered::Builder::new().acked();
+    /// tx.send(1, "k", 'v').await.unwrap();
+    /// drop(tx);
+    /// let batch = rx.recv().await.unwrap();
+    /// batch.into_iter().for_each(|d| drop(d.ack()));
+    /// assert!(rx.recv().await.is_none());
+    /// # }
+    /// ```
+    pub async fn recv(&mut self) -> Option<Vec<Delivery<K, V>>> {
+        self.inner.recv_deliveries().await
+    }
+
+    /// Polls for the next batch of deliveries, for code that implements futures or streams
+    /// by hand; see [`Receiver::poll_recv`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::future::poll_fn;
+    /// use keyed_batch::ordered;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let (tx, mut rx) = ordered::Builder::new().acked();
+    /// tx.send(1, "k", 'v').await.unwrap();
+    /// let batch = poll_fn(|cx| rx.poll_recv(cx)).await.unwrap();
+    /// assert_eq!(batch[0].values(), &['v']);
+    /// # }
+    /// ```
+    pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Vec<Delivery<K, V>>>> {
+        self.inner.poll_deliveries(cx)
+    }
+
+    /// Takes the next batch of deliveries if a key is pending and not in flight.
+    ///
+    /// # Errors
+    ///
+    /// [`TryRecvError::Empty`] if nothing can go out now, and
+    /// [`TryRecvError::Disconnected`] once the channel is closed, drained, and every
+    /// delivery decided.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::{error::TryRecvError, ordered};
+    ///
+    /// let (tx, mut rx) = ordered::Builder::new().acked();
+    /// tx.try_send(1, "k", 'v').unwrap();
+    /// let batch = rx.try_recv().unwrap();
+    /// tx.try_send(1, "k", 'w').unwrap(); // "k" is in flight: it waits
+    /// assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Empty);
+    /// # drop(batch);
+    /// ```
+    pub fn try_recv(&mut self) -> Result<Vec<Delivery<K, V>>, TryRecvError> {
+        self.inner.try_recv_deliveries()
+    }
+
+    /// Takes everything pending now as batches of deliveries split by the caps. Keys in
+    /// flight stay in flight: their newer values are not taken.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::ordered;
+    ///
+    /// let (tx, mut rx) = ordered::Builder::new().max_batch(1).acked();
+    /// tx.try_send(1, "a", ()).unwrap();
+    /// tx.try_send(2, "b", ()).unwrap();
+    /// assert_eq!(rx.drain_now().len(), 2);
+    /// ```
+    pub fn drain_now(&mut self) -> Vec<Vec<Delivery<K, V>>> {
+        self.inner.drain_deliveries()
+    }
+
+    /// The stream of dead letters: values retried more than `max_attempts` allows. See
+    /// [`DeadLetters`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::ordered;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let (tx, mut rx) = ordered::Builder::new().max_attempts(1).acked();
+    /// let mut dead = rx.dead_letters();
+    /// tx.send(1, "k", 'v').await.unwrap();
+    /// rx.recv().await.unwrap().remove(0).retry().await.unwrap();
+    /// assert_eq!(dead.recv().await.unwrap().values, vec!['v']);
+    /// # }
+    /// ```
+    pub fn dead_letters(&self) -> DeadLetters<K, V> {
+        self.inner.dead_letters()
+    }
+}
+
+impl<S, K, V> AckReceiver<S, K, V> {
+    /// Closes the channel for sending, as [`Receiver::close`] does. The stream ends once
+    /// everything is delivered and decided.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::ordered;
+    ///
+    /// let (tx, rx) = ordered::Builder::new().acked::<u8, &str, u8>();
+    /// rx.close();
+    /// assert!(tx.try_send(1, "k", 1).is_err());
+    /// ```
+    pub fn close(&self) {
+        self.inner.close()
+    }
+
+    /// Pending values, over all keys; values in flight are not counted (see
+    /// [`Stats::in_flight_values`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::ordered;
+    ///
+    /// let (tx, rx) = ordered::Builder::new().acked();
+    /// tx.try_send(1, "k", 1).unwrap();
+    /// assert_eq!(rx.len(), 1);
+    /// ```
+    pub fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    /// Keys with pending values; a key in flight with no newer values is not counted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::ordered;
+    ///
+    /// let (tx, rx) = ordered::Builder::new().acked();
+    /// tx.try_send(1, "a", 1).unwrap();
+    /// assert_eq!(rx.key_count(), 1);
+    /// ```
+    pub fn key_count(&self) -> usize {
+        self.inner.key_count()
+    }
+
+    /// Whether no value is pending.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::ordered;
+    ///
+    /// let (tx, rx) = ordered::Builder::new().acked::<u8, &str, u8>();
+    /// assert!(rx.is_empty());
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether the channel is closed for sending.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::ordered;
+    ///
+    /// let (tx, rx) = ordered::Builder::new().acked::<u8, &str, u8>();
+    /// drop(tx);
+    /// assert!(rx.is_closed());
+    /// ```
+    pub fn is_closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+
+    /// A snapshot of the channel's state and totals, deliveries in flight and decisions
+    /// included.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::ordered;
+    ///
+    /// let (tx, mut rx) = ordered::Builder::new().acked();
+    /// tx.try_send(1, "k", 1).unwrap();
+    /// let batch = rx.try_recv().unwrap();
+    /// assert_eq!(rx.stats().in_flight_keys, 1);
+    /// # drop(batch);
+    /// ```
+    pub fn stats(&self) -> Stats {
+        self.inner.stats()
+    }
+}
+
+impl<S, K, V> Stream for AckReceiver<S, K, V>
+where
+    S: Ord + Clone + Send + 'static,
+    K: Hash + Eq + Clone + Send + 'static,
+    V: Send + 'static,
+{
+    type Item = Vec<Delivery<K, V>>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.get_mut().poll_recv(cx)
+    }
+}
+
+/// The stream is terminated once this receiver has returned `None`.
+impl<S, K, V> FusedStream for AckReceiver<S, K, V>
+where
+    S: Ord + Clone + Send + 'static,
+    K: Hash + Eq + Clone + Send + 'static,
+    V: Send + 'static,
+{
+    fn is_terminated(&self) -> bool {
+        self.inner.is_terminated()
+    }
+}
+
+impl<S, K, V> Clone for AckReceiver<S, K, V> {
+    fn clone(&self) -> Self {
+        AckReceiver {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<S, K, V> fmt::Debug for AckReceiver<S, K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AckReceiver").finish_non_exhaustive()
     }
 }

@@ -53,6 +53,31 @@ pub struct Stats {
     pub delivered_by: Deliveries,
     /// Values handed back with `requeue`.
     pub requeued: u64,
+    /// Acknowledging channels: keys delivered and not yet decided.
+    pub in_flight_keys: usize,
+    /// Acknowledging channels: values delivered and not yet decided. They count toward
+    /// `capacity` and `max_weight` until decided.
+    pub in_flight_values: usize,
+    /// Acknowledging channels: values acknowledged.
+    pub acked: u64,
+    /// Acknowledging channels: values retried, by `retry`, `retry_after` or a delivery
+    /// dropped undecided, and put back in the queue.
+    pub retried: u64,
+    /// Acknowledging channels: values given up with `give_up`.
+    pub given_up: u64,
+    /// Acknowledging channels: values sent to the dead letters, retried more than
+    /// `max_attempts` allows.
+    pub dead_lettered: u64,
+    /// Acknowledging channels: dead-lettered values not yet taken. They count toward
+    /// `capacity` and `max_weight`.
+    pub dead_letters: usize,
+    /// Acknowledging channels: deliveries by attempt; index `i` counts attempt `i + 1`, and
+    /// the last counts that attempt and every later one.
+    pub attempts: [u64; 8],
+    /// Values dropped because every receiver was gone: those pending when the last one
+    /// went, dead letters not taken, and, in an acknowledging channel, values retried or
+    /// dropped undecided after that.
+    pub lost: u64,
     /// Live senders.
     pub senders: usize,
     /// Live receivers.

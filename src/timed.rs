@@ -41,6 +41,7 @@ use futures_core::stream::{FusedStream, Stream};
 use futures_sink::Sink;
 use tokio::time::Instant;
 
+use crate::ack::{DeadLetters, Delivery};
 use crate::builder;
 use crate::chan;
 use crate::config::{Config, Weigher};
@@ -171,6 +172,10 @@ impl Flavor for Deadlines {
 
     fn deadline(deadline: &Deadline) -> Option<u64> {
         (deadline.at() != Deadline::NEVER).then_some(deadline.at())
+    }
+
+    fn retried(_: Deadline, now: u64) -> Deadline {
+        Deadline::new(now, Reason::Deadline)
     }
 }
 
@@ -305,8 +310,39 @@ impl<W> Builder<W> {
     where
         W: Weigher<V>,
     {
-        let (tx, rx) = chan::channel(self.config, self.weigher);
+        let (tx, rx) = chan::channel(self.config, self.weigher, false);
         (Sender { inner: tx }, Receiver { inner: rx })
+    }
+
+    /// Creates an acknowledging channel: its receiver hands out a [`Delivery`] per key,
+    /// and a key's newer values wait until that delivery is decided. See
+    /// [`AckReceiver`].
+    ///
+    /// Keys and values must be `Send + 'static`: a delivery can be decided from any task.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use keyed_batch::timed::Builder;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let (tx, mut rx) = Builder::new(Duration::from_secs(1)).max_attempts(5).acked();
+    /// tx.send("k", 1).await.unwrap();
+    /// for delivery in rx.recv().await.unwrap() {
+    ///     delivery.ack().await.unwrap();
+    /// }
+    /// # }
+    /// ```
+    pub fn acked<K, V>(self) -> (Sender<K, V>, AckReceiver<K, V>)
+    where
+        K: Hash + Eq + Clone + Send + 'static,
+        V: Send + 'static,
+        W: Weigher<V>,
+    {
+        let (tx, rx) = chan::channel(self.config, self.weigher, true);
+        (Sender { inner: tx }, AckReceiver { inner: rx })
     }
 }
 
@@ -1085,6 +1121,357 @@ impl<K, V> Clone for Receiver<K, V> {
 impl<K, V> fmt::Debug for Receiver<K, V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Receiver").finish_non_exhaustive()
+    }
+}
+
+/// Receives batches of [`Delivery`]s from an acknowledging `timed` channel, made by
+/// [`Builder::acked`].
+///
+/// Batches come out as from a [`Receiver`]: due keys in deadline order, under the same caps.
+/// But each key comes as a [`Delivery`] to decide: [`ack`](Delivery::ack),
+/// [`retry`](Delivery::retry), [`retry_after`](Delivery::retry_after) or
+/// [`give_up`](Delivery::give_up); dropped undecided, it is retried at once.
+///
+/// # Rules
+///
+/// 1. **One delivery per key in flight.** While a key has an undecided delivery, its newer
+///    values wait, and no receiver gets them.
+/// 2. **A retry joins the new values.** The failed values go back in front of the key's
+///    newer values; while the key is held by `retry_after`, values sent for it join it, and
+///    when the delay ends all of them go out in one delivery, bounded by the batch caps.
+/// 3. **Capacity until the decision.** Values in flight count toward `capacity`,
+///    `max_weight` and `max_keys` until they are acknowledged, given up or dead-lettered:
+///    room returns on the decision, not when the batch is taken. Dead letters not yet
+///    taken count too.
+/// 4. **Closing.** When the channel closes, everything is due at once, held retries
+///    included. The stream ends only when nothing is pending and no delivery is
+///    undecided, so a retry after the close still goes out.
+/// 5. **Dropping every receiver.** Pending values and dead letters are dropped. Deliveries
+///    still undecided can be decided: an acknowledgement counts as usual, and a retry, or a
+///    delivery dropped undecided, drops its values. `Stats::lost` counts all of them.
+/// 6. **Exactly one decision per delivery**, which the types enforce: every value ends
+///    acknowledged, given up or dead-lettered, or is pending or in flight.
+///
+/// A retry beyond the builder's `max_attempts` sends the values to the
+/// [`dead_letters`](Self::dead_letters) stream instead of back into the queue.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use keyed_batch::timed;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let (tx, mut rx) = timed::Builder::new(Duration::from_millis(100)).acked();
+/// tx.send("customer-1", "event").await.unwrap();
+/// drop(tx);
+/// let mut attempts = 0;
+/// while let Some(batch) = rx.recv().await {
+///     for delivery in batch {
+///         attempts += 1;
+///         if delivery.attempt() < 3 {
+///             delivery.retry_after(Duration::from_secs(1)).await.unwrap(); // the push failed
+///         } else {
+///             delivery.ack().await.unwrap();
+///         }
+///     }
+/// }
+/// assert_eq!(attempts, 3);
+/// # }
+/// ```
+pub struct AckReceiver<K, V> {
+    inner: chan::Rx<Deadlines, K, V>,
+}
+
+impl<K, V> AckReceiver<K, V>
+where
+    K: Hash + Eq + Clone + Send + 'static,
+    V: Send + 'static,
+{
+    /// Waits for the next batch of deliveries; `None` once the channel is closed, drained,
+    /// and every delivery decided.
+    ///
+    /// # Cancel safety
+    ///
+    /// This method is cancel safe: if it is dropped before it completes, no value has left
+    /// the channel and no key is in flight, and the receiver stops waiting.
+    ///
+    /// # Panics
+    ///
+    /// Panics if it has to wait for a deadline outside a tokio runtime with time enabled.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use keyed_batch::timed;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let (tx, mut rx) = timed::Builder::new(Duration::from_secs(1)).acked();
+    /// tx.send("k", 1).await.unwrap();
+    /// drop(tx);
+    /// let batch = rx.recv().await.unwrap();
+    /// assert_eq!(batch[0].values(), &[1]);
+    /// batch.into_iter().for_each(|d| drop(d.ack()));
+    /// assert!(rx.recv().await.is_none());
+    /// # }
+    /// ```
+    pub async fn recv(&mut self) -> Option<Vec<Delivery<K, V>>> {
+        self.inner.recv_deliveries().await
+    }
+
+    /// Polls for the next batch of deliveries, for code that implements futures or streams
+    /// by hand; see [`Receiver::poll_recv`].
+    ///
+    /// # Panics
+    ///
+    /// Panics if it has to wait for a deadline outside a tokio runtime with time enabled.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::future::poll_fn;
+    /// use std::time::Duration;
+    /// use keyed_batch::timed;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let (tx, mut rx) = timed::Builder::new(Duration::ZERO).acked();
+    /// tx.send("k", 1).await.unwrap();
+    /// let batch = poll_fn(|cx| rx.poll_recv(cx)).await.unwrap();
+    /// assert_eq!(batch[0].key(), &"k");
+    /// # }
+    /// ```
+    pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Vec<Delivery<K, V>>>> {
+        self.inner.poll_deliveries(cx)
+    }
+
+    /// Takes the next batch of deliveries if a key is due now.
+    ///
+    /// # Errors
+    ///
+    /// [`TryRecvError::Empty`] if no key is due yet, and [`TryRecvError::Disconnected`] once
+    /// the channel is closed, drained, and every delivery decided.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use keyed_batch::{error::TryRecvError, timed};
+    ///
+    /// let (tx, mut rx) = timed::Builder::new(Duration::ZERO).acked();
+    /// assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Empty);
+    /// tx.try_send("k", 1).unwrap();
+    /// assert_eq!(rx.try_recv().unwrap()[0].values(), &[1]);
+    /// ```
+    pub fn try_recv(&mut self) -> Result<Vec<Delivery<K, V>>, TryRecvError> {
+        self.inner.try_recv_deliveries()
+    }
+
+    /// Takes everything pending now, deadlines ignored, as batches of deliveries split by
+    /// the caps. Keys in flight stay in flight: their newer values are not taken.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use keyed_batch::timed;
+    ///
+    /// let (tx, mut rx) = timed::Builder::new(Duration::from_secs(60)).acked();
+    /// tx.try_send("a", 1).unwrap();
+    /// tx.try_send("b", 2).unwrap();
+    /// let batches = rx.drain_now();
+    /// assert_eq!(batches.len(), 1);
+    /// assert_eq!(batches[0].len(), 2);
+    /// ```
+    pub fn drain_now(&mut self) -> Vec<Vec<Delivery<K, V>>> {
+        self.inner.drain_deliveries()
+    }
+
+    /// The stream of dead letters: values retried more than `max_attempts` allows. See
+    /// [`DeadLetters`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use keyed_batch::timed;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let (tx, mut rx) = timed::Builder::new(Duration::ZERO).max_attempts(1).acked();
+    /// let mut dead = rx.dead_letters();
+    /// tx.send("k", 1).await.unwrap();
+    /// rx.recv().await.unwrap().remove(0).retry().await.unwrap();
+    /// assert_eq!(dead.recv().await.unwrap().values, vec![1]);
+    /// # }
+    /// ```
+    pub fn dead_letters(&self) -> DeadLetters<K, V> {
+        self.inner.dead_letters()
+    }
+
+    /// When the next batch is due, as [`Receiver::next_deadline`] says; a key held by
+    /// `retry_after` counts from when its delay ends.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use keyed_batch::timed;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let (tx, rx) = timed::Builder::new(Duration::from_secs(1)).acked::<&str, u8>();
+    /// tx.send("k", 1).await.unwrap();
+    /// assert_eq!(rx.next_deadline(), Some(Instant::now() + Duration::from_secs(1)));
+    /// # }
+    /// ```
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.inner.next_deadline()
+    }
+}
+
+impl<K, V> AckReceiver<K, V> {
+    /// Closes the channel for sending, as [`Receiver::close`] does. The stream ends once
+    /// everything is delivered and decided.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use keyed_batch::timed;
+    ///
+    /// let (tx, rx) = timed::Builder::new(Duration::from_secs(1)).acked::<&str, u8>();
+    /// rx.close();
+    /// assert!(tx.try_send("k", 1).is_err());
+    /// ```
+    pub fn close(&self) {
+        self.inner.close()
+    }
+
+    /// Pending values, over all keys; values in flight are not counted (see
+    /// [`Stats::in_flight_values`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use keyed_batch::timed;
+    ///
+    /// let (tx, rx) = timed::Builder::new(Duration::from_secs(1)).acked();
+    /// tx.try_send("k", 1).unwrap();
+    /// assert_eq!(rx.len(), 1);
+    /// ```
+    pub fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    /// Keys with pending values; a key in flight with no newer values is not counted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use keyed_batch::timed;
+    ///
+    /// let (tx, rx) = timed::Builder::new(Duration::from_secs(1)).acked();
+    /// tx.try_send("a", 1).unwrap();
+    /// tx.try_send("b", 2).unwrap();
+    /// assert_eq!(rx.key_count(), 2);
+    /// ```
+    pub fn key_count(&self) -> usize {
+        self.inner.key_count()
+    }
+
+    /// Whether no value is pending.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use keyed_batch::timed;
+    ///
+    /// let (tx, rx) = timed::Builder::new(Duration::from_secs(1)).acked::<&str, u8>();
+    /// assert!(rx.is_empty());
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether the channel is closed for sending.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use keyed_batch::timed;
+    ///
+    /// let (tx, rx) = timed::Builder::new(Duration::from_secs(1)).acked::<&str, u8>();
+    /// drop(tx);
+    /// assert!(rx.is_closed());
+    /// ```
+    pub fn is_closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+
+    /// A snapshot of the channel's state and totals, deliveries in flight and decisions
+    /// included.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use keyed_batch::timed;
+    ///
+    /// let (tx, mut rx) = timed::Builder::new(Duration::ZERO).acked();
+    /// tx.try_send("k", 1).unwrap();
+    /// let batch = rx.try_recv().unwrap();
+    /// assert_eq!(rx.stats().in_flight_values, 1);
+    /// drop(batch); // undecided: retried
+    /// assert_eq!(rx.stats().retried, 1);
+    /// ```
+    pub fn stats(&self) -> Stats {
+        self.inner.stats()
+    }
+}
+
+impl<K, V> Stream for AckReceiver<K, V>
+where
+    K: Hash + Eq + Clone + Send + 'static,
+    V: Send + 'static,
+{
+    type Item = Vec<Delivery<K, V>>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.get_mut().poll_recv(cx)
+    }
+}
+
+/// The stream is terminated once this receiver has returned `None`.
+impl<K, V> FusedStream for AckReceiver<K, V>
+where
+    K: Hash + Eq + Clone + Send + 'static,
+    V: Send + 'static,
+{
+    fn is_terminated(&self) -> bool {
+        self.inner.is_terminated()
+    }
+}
+
+impl<K, V> Clone for AckReceiver<K, V> {
+    fn clone(&self) -> Self {
+        AckReceiver {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<K, V> fmt::Debug for AckReceiver<K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AckReceiver").finish_non_exhaustive()
     }
 }
 

@@ -54,8 +54,8 @@ use hashbrown::hash_table::Entry;
 use hashbrown::{DefaultHashBuilder, HashTable};
 
 use self::index::{Index, Ticket};
-pub(crate) use self::slot::Items;
-use self::slot::Slot;
+pub(crate) use self::slot::{Front, Items, Returned};
+use self::slot::{Slot, HELD};
 
 mod index;
 mod slot;
@@ -91,6 +91,8 @@ pub struct SortedQueue<R, K, V> {
     next_id: u64,
     /// Runs whose key's `Clone` panicked while being split: they go out whole.
     unsplittable: Vec<Run>,
+    /// Held slots with no values (see [`take_held`](Self::take_held)).
+    held_empty: usize,
 }
 
 /// How much a [`SortedQueue`] holds without allocating: see [`SortedQueue::capacity`].
@@ -104,21 +106,52 @@ pub struct Capacity {
 }
 
 /// One key's share of a batch, planned before any value moves.
-struct Share<K> {
+struct Share<R, K> {
     /// Where the slot sits in the table.
     bucket: usize,
     id: u64,
     count: usize,
     weight: usize,
-    /// A copy of the key when only part of its values go: the slot keeps the original.
-    split: Option<K>,
+    /// A copy of the key when the slot stays (a split, or a hold): it keeps the original.
+    copy: Option<K>,
+    /// The key's rank, when its slot is held.
+    rank: Option<R>,
+}
+
+/// A key taken out with [`SortedQueue::take_held`].
+pub(crate) struct Taken<R, K, V> {
+    pub(crate) key: K,
+    pub(crate) front: Front<V>,
+    /// The values' weight.
+    pub(crate) weight: usize,
+    /// The key's hold; `None` for a key whose `Clone` panicked, which cannot be held.
+    pub(crate) hold: Option<Hold>,
+    /// The key's rank when it was taken, if the key was held or taken whole.
+    pub(crate) rank: Option<R>,
+    /// The key's run: its start is a time at or before its values entered.
+    pub(crate) run: Run,
+}
+
+/// A held slot: it stays, takes new values, and is not due until released.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Hold {
+    hash: u64,
+    id: u64,
+}
+
+/// The rank a released hold goes back with.
+pub(crate) enum Release<R> {
+    /// The rank of the values that came while it was held.
+    Keep,
+    /// The smaller of that and this.
+    Lower(R),
 }
 
 /// A key's current run of pending values, to tell later whether it is still pending.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Run {
     pub(crate) hash: u64,
-    seq: u64,
+    pub(crate) seq: u64,
 }
 
 /// What an insert did, and what it did not keep.
@@ -182,6 +215,11 @@ impl<R, K, V> SortedQueue<R, K, V> {
     /// assert_eq!(q.key_count(), 1);
     /// ```
     pub fn key_count(&self) -> usize {
+        self.slots.len() - self.held_empty
+    }
+
+    /// Keys that are pending or held: what a key limit counts when deliveries hold keys.
+    pub(crate) fn slot_count(&self) -> usize {
         self.slots.len()
     }
 
@@ -234,7 +272,8 @@ impl<R, K, V> SortedQueue<R, K, V> {
 
     /// Whether `run` is still the key's current run of pending values.
     pub(crate) fn is_pending(&self, run: Run) -> bool {
-        self.slots.find(run.hash, |s| s.seq == run.seq).is_some()
+        let slot = self.slots.find(run.hash, |s| s.seq == run.seq);
+        slot.is_some_and(|s| !s.values.is_empty())
     }
 
     /// Keeps the ranks the queue drops (stale index entries, replaced and delivered
@@ -255,11 +294,29 @@ impl<R, K, V> SortedQueue<R, K, V> {
         self.values = 0;
         self.weight = 0;
         self.unsplittable = Vec::new();
+        self.held_empty = 0;
         std::mem::take(&mut self.slots)
     }
 }
 
 impl<R: Ord, K, V> SortedQueue<R, K, V> {
+    /// The smallest rank in the queue: the rank of the key that comes out next.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::queue::SortedQueue;
+    ///
+    /// let mut q = SortedQueue::new();
+    /// assert_eq!(q.peek_rank(), None);
+    /// q.push("a", (), 7);
+    /// q.push("b", (), 3);
+    /// assert_eq!(q.peek_rank(), Some(&3));
+    /// ```
+    pub fn peek_rank(&self) -> Option<&R> {
+        self.index.front().map(|ticket| &ticket.rank)
+    }
+
     /// Creates an empty queue.
     ///
     /// # Examples
@@ -279,6 +336,7 @@ impl<R: Ord, K, V> SortedQueue<R, K, V> {
             weight: 0,
             next_id: 0,
             unsplittable: Vec::new(),
+            held_empty: 0,
         }
     }
 }
@@ -408,7 +466,7 @@ where
             return false;
         }
         let hash = self.hasher.hash_one(&key);
-        let items = Items::Prepend(values, weights);
+        let items = Items::Prepend(Returned::new(values, weights));
         self.insert(hash, key, items, |_, _, _| Some(rank)).leads
     }
 
@@ -439,6 +497,16 @@ where
         let Some(slot) = self.slots.find_mut(hash, |s| s.key == *key) else {
             return false;
         };
+        if slot.is_held() {
+            // Lowered, but still held: it comes due by this rank once released.
+            let lower = self.index.guard(|_| rank < slot.rank);
+            let spare = match lower {
+                true => std::mem::replace(&mut slot.rank, rank),
+                false => rank,
+            };
+            self.index.discard(spare);
+            return false;
+        }
         match self.index.lower(slot, rank, id) {
             Ok(()) => {
                 self.settle_stale();
@@ -470,6 +538,7 @@ where
         // Replaced ranks are collected, to be discarded once user `Ord` is done.
         let (moved, old) = self.index.guard(|_| {
             let mut old = Vec::new();
+            // Held slots are lowered too: they come due by it once released.
             for slot in slots.iter_mut() {
                 if rank < slot.rank {
                     old.push(std::mem::replace(&mut slot.rank, rank.clone()));
@@ -537,12 +606,48 @@ where
         max_weight: usize,
         is_due: impl FnMut(&R) -> bool,
     ) -> Vec<(K, Vec<V>)> {
+        let mut batch = Vec::new();
+        self.take(max_values, max_weight, is_due, false, |taken| {
+            batch.push((taken.key, taken.front.values))
+        });
+        batch
+    }
+
+    /// Takes the next batch as [`pop_batch_weighted`](Self::pop_batch_weighted) does, but
+    /// holds each key's slot: it stays, even when emptied, and takes new values, but it is
+    /// not due, and its values are not taken again, until [`release`](Self::release). This is
+    /// how a channel keeps one delivery per key in flight.
+    ///
+    /// Each key is cloned for the batch, since its slot keeps it. A key whose `Clone`
+    /// panicked once cannot be held: it is taken whole, its slot removed, with no hold.
+    pub(crate) fn take_held(
+        &mut self,
+        max_values: usize,
+        max_weight: usize,
+        is_due: impl FnMut(&R) -> bool,
+    ) -> Vec<Taken<R, K, V>> {
+        let mut batch = Vec::new();
+        self.take(max_values, max_weight, is_due, true, |taken| {
+            batch.push(taken)
+        });
+        batch
+    }
+
+    /// Plans a batch, then moves it into `out`, key by key.
+    fn take(
+        &mut self,
+        max_values: usize,
+        max_weight: usize,
+        is_due: impl FnMut(&R) -> bool,
+        hold: bool,
+        mut out: impl FnMut(Taken<R, K, V>),
+    ) {
         self.repair();
         // Plan first, then move: every call into user code (`Ord` in the heap, `K::clone`
-        // for a split key) happens while the plan is made, so a panic there leaves every
-        // value in its slot. Only the index can be left torn, and `repair` mends it.
-        let plan = self.plan(max_values, max_weight, is_due);
-        let mut batch = Vec::with_capacity(plan.len());
+        // for a split or held key, `R::clone` for a held key) happens while the plan is
+        // made, so a panic there leaves every value in its slot. Only the index can be left
+        // torn, and `repair` mends it.
+        let plan = self.plan(max_values, max_weight, is_due, hold);
         for share in plan {
             // Removing planned slots moves no other slot, but check the id all the same.
             let entry = match self.slots.get_bucket_entry(share.bucket) {
@@ -551,12 +656,13 @@ where
             };
             self.values -= share.count;
             self.weight -= share.weight;
-            match share.split {
+            let taken = match share.copy {
                 None => {
                     let (slot, _) = entry.remove();
                     let Slot {
                         key,
-                        values,
+                        mut values,
+                        extra,
                         rank,
                         hash,
                         seq,
@@ -565,31 +671,76 @@ where
                     if !self.unsplittable.is_empty() {
                         self.unsplittable.retain(|run| *run != Run { hash, seq });
                     }
-                    self.index.discard(rank);
-                    batch.push((key, values));
+                    let front = match extra {
+                        None => Front {
+                            values,
+                            handed: Vec::new(),
+                            entered: None,
+                        },
+                        Some(extra) => Front {
+                            values: std::mem::take(&mut values),
+                            handed: extra.handed,
+                            entered: extra.entered,
+                        },
+                    };
+                    Taken {
+                        key,
+                        front,
+                        weight: share.weight,
+                        hold: None,
+                        rank: Some(rank),
+                        run: Run { hash, seq },
+                    }
                 }
                 Some(key) => {
                     let slot = entry.into_mut();
-                    batch.push((key, slot.take_front(share.count, share.weight)))
+                    let run = Run {
+                        hash: slot.hash,
+                        seq: slot.seq,
+                    };
+                    let front = slot.take_front(share.count, share.weight);
+                    let held = share.rank.map(|rank| {
+                        self.next_id += 1;
+                        slot.ticket = HELD | self.next_id;
+                        if slot.values.is_empty() {
+                            self.held_empty += 1;
+                        }
+                        let hold = Hold {
+                            hash: slot.hash,
+                            id: self.next_id,
+                        };
+                        (hold, rank)
+                    });
+                    // Unheld, it is a split: the slot keeps its rank and its ticket.
+                    let (hold, rank) = held.unzip();
+                    Taken {
+                        key,
+                        front,
+                        weight: share.weight,
+                        hold,
+                        rank,
+                        run,
+                    }
                 }
-            }
+            };
+            out(taken);
         }
         self.shrink();
-        batch
     }
 
     /// The shares of the next batch, in rank order; see
-    /// [`pop_batch_weighted`](Self::pop_batch_weighted).
+    /// [`pop_batch_weighted`](Self::pop_batch_weighted) and [`take_held`](Self::take_held).
     fn plan(
         &mut self,
         max_values: usize,
         max_weight: usize,
         mut is_due: impl FnMut(&R) -> bool,
-    ) -> Vec<Share<K>> {
+        hold: bool,
+    ) -> Vec<Share<R, K>> {
         let slots = &self.slots;
         let unsplittable = &mut self.unsplittable;
         let planned = self.index.guard(|index| {
-            let mut plan: Vec<Share<K>> = Vec::new();
+            let mut plan: Vec<Share<R, K>> = Vec::new();
             let (mut room, mut room_weight) = (max_values, max_weight);
             while room > 0 {
                 let Some(side) = index.front_side() else {
@@ -613,11 +764,13 @@ where
                     hash,
                     seq: slot.seq,
                 };
-                let whole = count == slot.values.len();
-                if !whole && unsplittable.contains(&run) {
-                    // It cannot be split: whole and alone, or not in this batch.
+                let len = slot.values.len();
+                // A key whose `Clone` panicked cannot be split, nor held: whole and alone,
+                // or not in this batch.
+                let unclonable = unsplittable.contains(&run);
+                if unclonable && count < len {
                     (count, weight) = match empty {
-                        true => (slot.values.len(), slot.weight()),
+                        true => (len, slot.weight()),
                         false => (0, 0),
                     };
                 }
@@ -629,34 +782,38 @@ where
                 let alone = weight > room_weight || count > room;
                 room = room.saturating_sub(count);
                 room_weight = room_weight.saturating_sub(weight);
-                if count == slot.values.len() {
-                    plan.push(Share {
-                        bucket,
-                        id,
-                        count,
-                        weight,
-                        split: None,
-                    });
-                    index.pop(side);
-                    if alone {
-                        break;
-                    }
-                } else {
-                    let key = &slot.key;
-                    let split = match panic::catch_unwind(AssertUnwindSafe(|| key.clone())) {
-                        Ok(key) => key,
-                        Err(panic) => {
-                            unsplittable.push(run);
-                            return Err(panic);
+                let whole = count == len;
+                let keep = (hold || !whole) && !unclonable;
+                let copy = match keep {
+                    false => None,
+                    true => {
+                        let key = &slot.key;
+                        match panic::catch_unwind(AssertUnwindSafe(|| key.clone())) {
+                            Ok(key) => Some(key),
+                            Err(panic) => {
+                                unsplittable.push(run);
+                                return Err(panic);
+                            }
                         }
-                    };
-                    plan.push(Share {
-                        bucket,
-                        id,
-                        count,
-                        weight,
-                        split: Some(split),
-                    });
+                    }
+                };
+                let rank = (hold && keep).then(|| ticket.rank.clone());
+                let split = !whole;
+                plan.push(Share {
+                    bucket,
+                    id,
+                    count,
+                    weight,
+                    copy,
+                    rank,
+                });
+                // A split key keeps its ticket, and its place at the front; every other
+                // key leaves the index here.
+                if split && !hold {
+                    break;
+                }
+                index.pop(side);
+                if alone || split {
                     break;
                 }
             }
@@ -671,23 +828,6 @@ where
                 panic::resume_unwind(panic)
             }
         }
-    }
-
-    /// The smallest rank in the queue: the rank of the key that comes out next.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use keyed_batch::queue::SortedQueue;
-    ///
-    /// let mut q = SortedQueue::new();
-    /// assert_eq!(q.peek_rank(), None);
-    /// q.push("a", (), 7);
-    /// q.push("b", (), 3);
-    /// assert_eq!(q.peek_rank(), Some(&3));
-    /// ```
-    pub fn peek_rank(&self) -> Option<&R> {
-        self.index.front().map(|ticket| &ticket.rank)
     }
 
     /// Whether `key` has pending values.
@@ -710,6 +850,79 @@ where
     /// [`hasher`](Self::hasher).
     pub(crate) fn contains_hashed(&self, hash: u64, key: &K) -> bool {
         self.slots.find(hash, |s| s.key == *key).is_some()
+    }
+
+    /// Puts values back in front of a held key's values, as after a failed delivery. The key
+    /// stays held. Hands the values back if there is no such hold.
+    ///
+    /// # Panics
+    ///
+    /// Panics, changing nothing, if the total pending weight would overflow `usize`.
+    pub(crate) fn give_back(&mut self, hold: Hold, back: Returned<V>) -> Result<(), Returned<V>> {
+        let items = Items::Prepend(back);
+        let (count, weight) = items.size();
+        let total = weight.checked_add(self.weight);
+        assert!(total.is_some(), "the total pending weight overflows usize");
+        let held = HELD | hold.id;
+        let Some(slot) = self.slots.find_mut(hold.hash, |s| s.ticket == held) else {
+            let Items::Prepend(back) = items else {
+                unreachable!("made above")
+            };
+            return Err(back);
+        };
+        if slot.values.is_empty() {
+            self.held_empty -= 1;
+        }
+        slot.add(items);
+        self.values += count;
+        self.weight += weight;
+        Ok(())
+    }
+
+    /// Ends a hold: the key is due again by `rank` (see [`Release`]) if it has values, and
+    /// leaves the queue if not. Returns whether the key now leads. Ending a hold that is not
+    /// there does nothing.
+    pub(crate) fn release(&mut self, hold: Hold, rank: Release<R>) -> bool {
+        self.repair();
+        let held = HELD | hold.id;
+        let Ok(entry) = self.slots.find_entry(hold.hash, |s| s.ticket == held) else {
+            if let Release::Lower(r) = rank {
+                self.index.discard(r);
+            }
+            return false;
+        };
+        if entry.get().values.is_empty() {
+            let (slot, _) = entry.remove();
+            self.held_empty -= 1;
+            self.index.discard(slot.rank);
+            if let Release::Lower(r) = rank {
+                self.index.discard(r);
+            }
+            return false;
+        }
+        let slot = entry.into_mut();
+        self.next_id += 1;
+        let id = self.next_id;
+        let index = &mut self.index;
+        let old = index.guard(|index| {
+            let old = match rank {
+                Release::Keep => None,
+                Release::Lower(r) if r >= slot.rank => Some(r),
+                Release::Lower(r) => Some(std::mem::replace(&mut slot.rank, r)),
+            };
+            index.push(Ticket {
+                rank: slot.rank.clone(),
+                seq: slot.seq,
+                id,
+                hash: slot.hash,
+            });
+            old
+        });
+        slot.ticket = id;
+        if let Some(old) = old {
+            index.discard(old);
+        }
+        self.leads(id)
     }
 
     /// Adds `items` to `key`, whose hash from [`hasher`](Self::hasher) is `hash`, and lowers
@@ -746,6 +959,31 @@ where
         };
         // Only a lowered rank leaves a stale ticket behind; only a new ticket can lead.
         let stale = match self.slots.entry(hash, |s| s.key == key, |s| s.hash) {
+            Entry::Occupied(mut entry) if entry.get().is_held() => {
+                // A held slot takes the values, but stays held: no ticket, and it does not
+                // lead. Its rank is what the values that came while it was held give it.
+                let slot = entry.get_mut();
+                let (values, slot_weight) = (slot.values.len(), slot.weight());
+                if values == 0 {
+                    // The first of them: a new run.
+                    let rank = rank(None, count, weight).expect("a new run has a rank");
+                    let old = std::mem::replace(&mut slot.rank, rank);
+                    index.discard(old);
+                    slot.seq = id;
+                    self.held_empty -= 1;
+                    inserted.new_run = Some(Run { hash, seq: id });
+                } else if let Some(rank) = rank(Some(&slot.rank), values + count, slot_weight + weight)
+                {
+                    let lower = index.guard(|_| rank < slot.rank);
+                    match lower {
+                        true => index.discard(std::mem::replace(&mut slot.rank, rank)),
+                        false => inserted.spare_rank = Some(rank),
+                    }
+                }
+                slot.add(items);
+                inserted.spare_key = Some(key);
+                false
+            }
             Entry::Occupied(mut entry) => {
                 let slot = entry.get_mut();
                 let rank = rank(
@@ -778,7 +1016,7 @@ where
                     hash,
                     key,
                     values: Vec::new(),
-                    weights: None,
+                    extra: None,
                     rank,
                     seq: id,
                     ticket: id,
@@ -831,7 +1069,8 @@ where
     /// Rebuilds the index from the slots: one live ticket per key, sorted, in the FIFO.
     fn rebuild(&mut self) {
         let mut tickets: Vec<Ticket<R>> = Vec::with_capacity(self.slots.len());
-        for slot in self.slots.iter() {
+        // Held slots have no ticket: they are not due until released.
+        for slot in self.slots.iter().filter(|slot| !slot.is_held()) {
             tickets.push(Ticket {
                 rank: slot.rank.clone(),
                 seq: slot.seq,

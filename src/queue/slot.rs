@@ -1,4 +1,5 @@
-//! One pending key: its values, their weights, its rank and its run.
+//! One pending key: its values, what is known of them beyond their count, its rank and its
+//! run.
 
 use std::mem;
 
@@ -7,21 +8,35 @@ pub(super) struct Slot<R, K, V> {
     pub(super) hash: u64,
     pub(super) key: K,
     pub(super) values: Vec<V>,
-    /// The values' weights; `None` while every weight is 1. A slot is hot and gets copied
-    /// as the table grows, so unweighted queues pay 8 bytes for this, not 32.
-    pub(super) weights: Option<Box<Weights>>,
+    /// What is known of the values beyond their count; `None` while every weight is 1 and
+    /// no value was handed out before. A slot is hot and gets copied as the table grows, so
+    /// the common case pays 8 bytes for this.
+    pub(super) extra: Option<Box<Extra>>,
     pub(super) rank: R,
     /// When the current pending run started: breaks ties between equal ranks.
     pub(super) seq: u64,
-    /// The id of the one ticket that is live for this slot.
+    /// The id of the one ticket that is live for this slot, or, with [`HELD`] set, the
+    /// slot's hold: it has no live ticket and is not due (see `SortedQueue::take_held`).
     pub(super) ticket: u64,
 }
 
-/// A key's weights, once one of them differs from 1.
-pub(super) struct Weights {
-    /// Each value's weight, in step with the values.
+/// Marks a slot's `ticket` as a hold. Ticket ids never reach it.
+pub(super) const HELD: u64 = 1 << 63;
+
+/// What is known of a key's values beyond their count.
+#[derive(Default)]
+pub(super) struct Extra {
+    /// Each value's weight, and their sum, once one of them differs from 1.
+    weights: Option<Weights>,
+    /// How many times each of the first values was handed out before. The values after
+    /// them never were. Counts only fall from front to back: values come back in front.
+    pub(super) handed: Vec<u32>,
+    /// When the front value entered, at the latest: known once values came back.
+    pub(super) entered: Option<u64>,
+}
+
+struct Weights {
     each: Vec<usize>,
-    /// Their sum.
     total: usize,
 }
 
@@ -29,8 +44,31 @@ pub(super) struct Weights {
 pub(crate) enum Items<V> {
     /// One value and its weight, after the key's values.
     Append(V, usize),
-    /// Values before the key's values, with their weights (`None`: all 1).
-    Prepend(Vec<V>, Option<Vec<usize>>),
+    /// Values before the key's values: they came back.
+    Prepend(Returned<V>),
+}
+
+/// Values that come back to the front of their key.
+pub(crate) struct Returned<V> {
+    pub(crate) values: Vec<V>,
+    /// Their weights; `None`: all 1.
+    pub(crate) weights: Option<Vec<usize>>,
+    /// How many times each was handed out; empty: never.
+    pub(crate) handed: Vec<u32>,
+    /// When the first of them entered, if known.
+    pub(crate) entered: Option<u64>,
+}
+
+impl<V> Returned<V> {
+    /// Values that were never handed out, with their weights.
+    pub(crate) fn new(values: Vec<V>, weights: Option<Vec<usize>>) -> Self {
+        Returned {
+            values,
+            weights,
+            handed: Vec::new(),
+            entered: None,
+        }
+    }
 }
 
 impl<V> Items<V> {
@@ -42,25 +80,55 @@ impl<V> Items<V> {
     pub(super) fn size(&self) -> (usize, usize) {
         match self {
             Items::Append(_, weight) => (1, *weight),
-            Items::Prepend(values, None) => (values.len(), values.len()),
-            Items::Prepend(_, Some(weights)) => {
-                let sum = weights
-                    .iter()
-                    .try_fold(0usize, |sum, w| sum.checked_add(*w));
-                let sum = sum.expect("the total pending weight overflows usize");
-                (weights.len(), sum)
-            }
+            Items::Prepend(back) => match &back.weights {
+                None => (back.values.len(), back.values.len()),
+                Some(weights) => {
+                    let sum = weights
+                        .iter()
+                        .try_fold(0usize, |sum, w| sum.checked_add(*w));
+                    let sum = sum.expect("the total pending weight overflows usize");
+                    (weights.len(), sum)
+                }
+            },
         }
     }
 }
 
+/// One key's values taken from the front.
+pub(crate) struct Front<V> {
+    pub(crate) values: Vec<V>,
+    /// How many times each of the first of them was handed out before (see
+    /// [`Extra::handed`]).
+    pub(crate) handed: Vec<u32>,
+    /// When the first of them entered at the latest, if known.
+    pub(crate) entered: Option<u64>,
+}
+
 impl<R, K, V> Slot<R, K, V> {
     pub(super) fn weight(&self) -> usize {
-        self.weights.as_ref().map_or(self.values.len(), |w| w.total)
+        match self.extra.as_deref() {
+            Some(Extra {
+                weights: Some(w), ..
+            }) => w.total,
+            _ => self.values.len(),
+        }
     }
 
     fn weight_at(&self, i: usize) -> usize {
-        self.weights.as_ref().map_or(1, |w| w.each[i])
+        match self.extra.as_deref() {
+            Some(Extra {
+                weights: Some(w), ..
+            }) => w.each[i],
+            _ => 1,
+        }
+    }
+
+    fn is_weighted(&self) -> bool {
+        self.extra.as_ref().is_some_and(|e| e.weights.is_some())
+    }
+
+    pub(super) fn is_held(&self) -> bool {
+        self.ticket & HELD != 0
     }
 
     /// How many of the oldest values fit in `room` values and `room_weight`, and their
@@ -75,7 +143,7 @@ impl<R, K, V> Slot<R, K, V> {
         if len <= room && total <= room_weight {
             return (len, total);
         }
-        if self.weights.is_none() {
+        if !self.is_weighted() {
             // Every value weighs 1.
             let count = room.min(room_weight).min(len);
             return match (count, empty_batch) {
@@ -101,45 +169,88 @@ impl<R, K, V> Slot<R, K, V> {
     pub(super) fn add(&mut self, items: Items<V>) {
         match items {
             Items::Append(value, weight) => {
-                if weight != 1 || self.weights.is_some() {
+                if weight != 1 || self.is_weighted() {
                     // The first weight other than 1 makes the ones before it explicit.
                     let ones = self.values.len();
-                    let weights = self.weights.get_or_insert_with(|| {
-                        Box::new(Weights {
-                            each: vec![1; ones],
-                            total: ones,
-                        })
+                    let extra = self.extra.get_or_insert_with(Box::default);
+                    let weights = extra.weights.get_or_insert_with(|| Weights {
+                        each: vec![1; ones],
+                        total: ones,
                     });
                     weights.each.push(weight);
                     weights.total += weight;
                 }
                 self.values.push(value);
             }
-            Items::Prepend(values, weights) => {
-                let count = values.len();
-                let older = mem::replace(&mut self.values, values);
-                self.values.extend(older);
-                if weights.is_none() && self.weights.is_none() {
-                    return;
-                }
-                let mut each = weights.unwrap_or_else(|| vec![1; count]);
-                match self.weights.take() {
-                    Some(older) => each.extend(older.each),
-                    None => each.resize(self.values.len(), 1),
-                }
-                let total = each.iter().sum();
-                self.weights = Some(Box::new(Weights { each, total }));
-            }
+            Items::Prepend(back) => self.prepend(back),
         }
     }
 
+    fn prepend(&mut self, back: Returned<V>) {
+        let Returned {
+            values,
+            weights,
+            mut handed,
+            entered,
+        } = back;
+        let count = values.len();
+        let older = mem::replace(&mut self.values, values);
+        self.values.extend(older);
+        let known = weights.is_some() || !handed.is_empty() || entered.is_some();
+        if !known && self.extra.is_none() {
+            return;
+        }
+        let extra = self.extra.get_or_insert_with(Box::default);
+        if weights.is_some() || extra.weights.is_some() {
+            let mut each = weights.unwrap_or_else(|| vec![1; count]);
+            match extra.weights.take() {
+                Some(older) => each.extend(older.each),
+                None => each.resize(self.values.len(), 1),
+            }
+            let total = each.iter().sum();
+            extra.weights = Some(Weights { each, total });
+        }
+        if !extra.handed.is_empty() {
+            // The older values' counts stay a prefix of the whole.
+            handed.resize(count, 0);
+            handed.append(&mut extra.handed);
+        }
+        extra.handed = handed;
+        // The values that came back are older than the ones here, so either known time
+        // is a time at or after which the new front entered.
+        extra.entered = match (entered, extra.entered) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+
     /// Takes the oldest `count` values, which weigh `weight`.
-    pub(super) fn take_front(&mut self, count: usize, weight: usize) -> Vec<V> {
+    pub(super) fn take_front(&mut self, count: usize, weight: usize) -> Front<V> {
         let rest = self.values.split_off(count);
-        if let Some(weights) = &mut self.weights {
+        let values = mem::replace(&mut self.values, rest);
+        let Some(extra) = self.extra.as_deref_mut() else {
+            return Front {
+                values,
+                handed: Vec::new(),
+                entered: None,
+            };
+        };
+        if let Some(weights) = &mut extra.weights {
             weights.each.drain(..count);
             weights.total -= weight;
         }
-        mem::replace(&mut self.values, rest)
+        let rest = extra.handed.split_off(count.min(extra.handed.len()));
+        let handed = mem::replace(&mut extra.handed, rest);
+        // What is left entered after the front that goes, so the old front's time is
+        // still a time at or before it; it goes once nothing is left.
+        let entered = extra.entered;
+        if self.values.is_empty() {
+            extra.entered = None;
+        }
+        Front {
+            values,
+            handed,
+            entered,
+        }
     }
 }

@@ -1,5 +1,6 @@
 use super::touchy::{arm, disarm, panics, Touchy, TouchyRank, What};
 use super::*;
+use crate::queue::slot::Returned;
 use std::hash::BuildHasher;
 
 fn all<R: Ord + Clone, K: Hash + Eq + Clone, V>(q: &mut SortedQueue<R, K, V>) -> Vec<(K, Vec<V>)> {
@@ -414,4 +415,120 @@ fn runs_end_when_keys_empty() {
         .new_run
         .unwrap();
     assert!(!q.is_pending(first) && q.is_pending(second));
+}
+
+// ===== holds =====
+
+fn taken_keys<R, K: Clone, V>(taken: &[Taken<R, K, V>]) -> Vec<K> {
+    taken.iter().map(|t| t.key.clone()).collect()
+}
+
+#[test]
+fn a_held_key_is_not_due_until_released() {
+    let mut q = SortedQueue::new();
+    q.push("a", 1, 1);
+    q.push("b", 2, 2);
+    let taken = q.take_held(usize::MAX, usize::MAX, |_| true);
+    assert_eq!(taken_keys(&taken), ["a", "b"]);
+    assert_eq!((q.len(), q.key_count(), q.slot_count()), (0, 0, 2));
+    // New values join the held slot and are not due while it is held.
+    q.push("a", 3, 0);
+    assert_eq!((q.len(), q.key_count()), (1, 1));
+    assert!(q.take_held(usize::MAX, usize::MAX, |_| true).is_empty());
+    assert!(q.pop_batch(usize::MAX, |_| true).is_empty());
+    let hold = taken[0].hold.expect("held");
+    assert!(q.release(hold, Release::Keep), "released with values: it leads");
+    assert_eq!(q.pop_batch(usize::MAX, |_| true), vec![("a", vec![3])]);
+    // "b" had no new values: releasing it removes it.
+    assert!(!q.release(taken[1].hold.expect("held"), Release::Keep));
+    assert_eq!(q.slot_count(), 0);
+    assert!(!q.release(hold, Release::Keep), "a hold ends once");
+}
+
+#[test]
+fn values_given_back_go_in_front_with_their_counts() {
+    let mut q = SortedQueue::new();
+    q.push("a", 1, 5);
+    q.push("a", 2, 5);
+    let mut taken = q.take_held(1, usize::MAX, |_| true);
+    let first = taken.remove(0);
+    assert_eq!(first.front.values, vec![1]);
+    assert!(first.front.handed.is_empty(), "never handed out before");
+    assert_eq!(first.rank, Some(5));
+    let hold = first.hold.expect("held");
+    // The rest of a split key is held too.
+    assert!(q.take_held(10, usize::MAX, |_| true).is_empty());
+    q.push("a", 3, 9);
+    let back = Returned {
+        values: vec![1],
+        weights: None,
+        handed: vec![1],
+        entered: Some(42),
+    };
+    assert!(q.give_back(hold, back).is_ok());
+    assert_eq!(q.len(), 3);
+    assert!(q.release(hold, Release::Lower(4)));
+    assert_eq!(q.peek_rank(), Some(&4));
+    let again = q.take_held(2, usize::MAX, |_| true).remove(0);
+    assert_eq!(again.front.values, vec![1, 2]);
+    assert_eq!(again.front.handed, vec![1], "the count of the value that came back");
+    assert_eq!(again.front.entered, Some(42));
+    let last = q.release(again.hold.unwrap(), Release::Keep);
+    assert!(last);
+    let rest = q.take_held(10, usize::MAX, |_| true).remove(0);
+    assert_eq!(rest.front.values, vec![3]);
+    assert!(rest.front.handed.is_empty());
+}
+
+#[test]
+fn a_held_key_lowers_its_rank_without_a_ticket() {
+    let mut q = SortedQueue::new();
+    q.push("a", 1, 10);
+    let hold = q.take_held(10, usize::MAX, |_| true)[0].hold.unwrap();
+    q.push("a", 2, 8);
+    q.push("a", 3, 6);
+    assert!(!q.promote(&"a", 2), "a held key does not lead");
+    assert_eq!(q.peek_rank(), None);
+    q.push("b", 4, 3);
+    assert!(q.release(hold, Release::Keep), "rank 2, ahead of b");
+    assert_eq!(
+        q.pop_batch(10, |_| true),
+        vec![("a", vec![2, 3]), ("b", vec![4])]
+    );
+}
+
+#[test]
+fn a_rebuild_leaves_held_keys_held() {
+    let mut q = SortedQueue::new();
+    for key in 0..10i64 {
+        q.push(key, key, key);
+    }
+    let taken = q.take_held(3, usize::MAX, |_| true);
+    assert_eq!(taken.len(), 3);
+    for key in 0..3i64 {
+        q.push(key, 100 + key, -100);
+    }
+    // Lowering every rank rebuilds the index from the slots.
+    assert!(q.promote_all(-1000));
+    let batch = q.pop_batch(usize::MAX, |_| true);
+    assert_eq!(batch.len(), 7, "held keys stay out: {batch:?}");
+    assert!(batch.iter().all(|(key, _)| *key >= 3));
+}
+
+#[test]
+fn a_key_whose_clone_panics_is_taken_unheld() {
+    let mut q = SortedQueue::new();
+    q.push(Touchy(1), 1, 0);
+    q.push(Touchy(2), 2, 1);
+    arm(1, &[What::Clone]);
+    assert!(panics(|| {
+        q.take_held(10, usize::MAX, |_| true);
+    }));
+    assert_eq!(q.len(), 2);
+    let taken = q.take_held(10, usize::MAX, |_| true);
+    disarm();
+    assert_eq!(taken.len(), 2);
+    assert!(taken[0].hold.is_none(), "moved out, not held");
+    assert!(taken[1].hold.is_some());
+    assert_eq!(q.slot_count(), 1);
 }

@@ -25,7 +25,11 @@ use tokio::time::{Instant, Sleep};
 use crate::config::{self, Config, Weigh, Weigher};
 use crate::error::{SendError, TryRecvError, TrySendError};
 use crate::flavor::{self, Clock, Flavor, Joining, Reason};
-use crate::queue::{Items, Run, SortedQueue};
+use crate::queue::{Items, Returned, Run, SortedQueue};
+
+use self::acked::Acked;
+
+mod acked;
 use crate::stats::{Deliveries, Stats};
 use crate::Batch;
 
@@ -73,6 +77,13 @@ struct State<F: Flavor, K, V> {
     arrivals: VecDeque<(Run, u64)>,
     counts: Counts,
     next_id: u64,
+    /// Values outside the queue that still count toward `capacity` and `max_weight`:
+    /// deliveries in flight and dead letters, in an acknowledging channel.
+    held_values: usize,
+    /// Their weight.
+    held_weight: usize,
+    /// An acknowledging channel's bookkeeping; `None` for a plain one.
+    acked: Option<Box<Acked<F, K, V>>>,
 }
 
 /// Running totals for [`Stats`].
@@ -83,6 +94,7 @@ struct Counts {
     batches: u64,
     requeued: u64,
     by: Deliveries,
+    lost: u64,
 }
 
 /// Tasks waiting, in the order they came: each is named by an id, and ids only grow, so
@@ -156,6 +168,8 @@ struct Guard<'a, F: Flavor, K, V> {
     wakes: Vec<Waker>,
     /// A key or rank that a send did not need.
     spare: (Option<K>, Option<F::Rank>),
+    /// Values no one can receive any more.
+    spare_values: Vec<V>,
     /// Whether to notify `closed()` calls.
     notify_closed: bool,
 }
@@ -194,6 +208,7 @@ impl<F: Flavor, K, V> Drop for Guard<'_, F, K, V> {
         drop(state);
         drop(trash);
         self.spare = (None, None);
+        self.spare_values = Vec::new();
         self.wakes.drain(..).for_each(Waker::wake);
         if self.notify_closed {
             self.chan.closed.notify_waiters();
@@ -338,6 +353,7 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
             state: Some(state),
             wakes: Vec::new(),
             spare: (None, None),
+            spare_values: Vec::new(),
             notify_closed: false,
         }
     }
@@ -350,9 +366,10 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
     /// heavier than the whole budget still goes into an empty channel.
     fn has_room(&self, state: &State<F, K, V>, weight: usize) -> bool {
         let queue = &state.queue;
-        let fits =
-            queue.is_empty() || queue.weight().saturating_add(weight) <= self.config.max_weight;
-        queue.len() < self.config.capacity && fits
+        let len = queue.len() + state.held_values;
+        let held = queue.weight().saturating_add(state.held_weight);
+        let fits = len == 0 || held.saturating_add(weight) <= self.config.max_weight;
+        len < self.config.capacity && fits
     }
 
     /// Wakes the sends that may go in now: the first of each line if there is room for it,
@@ -367,7 +384,7 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
             }
         }
         if let Some(front) = state.key_line.waiting.front() {
-            let slot = state.queue.key_count() < self.config.max_keys;
+            let slot = state.queue.slot_count() < self.config.max_keys;
             if slot && self.has_room(state, front.weight) {
                 wakes.push(front.waker.clone());
             }
@@ -412,6 +429,9 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
         let wakes = &mut guard.wakes;
         state.receiving.wake_all(wakes);
         state.sinks.wake_all(wakes);
+        if let Some(acked) = &state.acked {
+            acked.wake_dead(wakes);
+        }
         let lines = state
             .room_line
             .waiting
@@ -493,7 +513,7 @@ where
             let turn = match pending {
                 true => !state.key_line.has_earlier(queued.hash, key_place),
                 false => {
-                    state.queue.key_count() < config.max_keys && state.key_line.is_first(key_place)
+                    state.queue.slot_count() < config.max_keys && state.key_line.is_first(key_place)
                 }
             };
             if !turn {
@@ -607,37 +627,51 @@ where
 
     /// Takes the next batch under the lock, counting why each key came due.
     fn pop(&self, state: &mut State<F, K, V>, now: u64, take: Take) -> Batch<K, V> {
-        let config = &self.config;
+        let (max_values, max_weight) = (self.config.max_batch, self.config.max_batch_weight);
+        self.pop_with(state, now, take, |state, is_due| {
+            let batch = state.queue.pop_batch_weighted(max_values, max_weight, is_due);
+            let values = batch.iter().map(|(_, values)| values.len()).sum();
+            (batch, values)
+        })
+    }
+
+    /// Takes the next batch with `from`, which takes from the queue what `is_due` allows
+    /// and says how many values it took; counts why each key came due, and the batch.
+    fn pop_with<T>(
+        &self,
+        state: &mut State<F, K, V>,
+        now: u64,
+        take: Take,
+        from: impl FnOnce(&mut State<F, K, V>, &mut dyn FnMut(&F::Rank) -> bool) -> (Vec<T>, usize),
+    ) -> Vec<T> {
         let closed_at = state.closed_at;
         // Counted apart, and added only once the batch is made: a panic in user code while
         // it is made delivers nothing, and must count nothing.
         let mut by = Deliveries::default();
-        let batch =
-            state
-                .queue
-                .pop_batch_weighted(config.max_batch, config.max_batch_weight, |rank| {
-                    // Count the first reason the key came due: a key that was due before the
-                    // close counts by its own reason, even when taken after it.
-                    let counter = match closed_at {
-                        Some(at) if !F::is_due(rank, at) => &mut by.close,
-                        _ if F::is_due(rank, now) || closed_at.is_some() => match F::reason(rank) {
-                            Reason::Deadline => &mut by.due,
-                            Reason::FullKey => &mut by.full_key,
-                            Reason::Flush => &mut by.flush,
-                        },
-                        _ if take == Take::All => &mut by.flush,
-                        _ => return false,
-                    };
-                    *counter += 1;
-                    true
-                });
+        let mut is_due = |rank: &F::Rank| {
+            // Count the first reason the key came due: a key that was due before the close
+            // counts by its own reason, even when taken after it.
+            let counter = match closed_at {
+                Some(at) if !F::is_due(rank, at) => &mut by.close,
+                _ if F::is_due(rank, now) || closed_at.is_some() => match F::reason(rank) {
+                    Reason::Deadline => &mut by.due,
+                    Reason::FullKey => &mut by.full_key,
+                    Reason::Flush => &mut by.flush,
+                },
+                _ if take == Take::All => &mut by.flush,
+                _ => return false,
+            };
+            *counter += 1;
+            true
+        };
+        let (batch, values) = from(state, &mut is_due);
         // The runs just delivered are mostly the oldest: drop them now, while their slots'
         // buckets are still in cache.
         state.drop_ended_runs();
         if !batch.is_empty() {
             state.counts.by.add(by);
             state.counts.batches += 1;
-            state.counts.delivered += batch.iter().map(|(_, v)| v.len() as u64).sum::<u64>();
+            state.counts.delivered += values as u64;
         }
         batch
     }
@@ -658,6 +692,27 @@ where
 }
 
 impl<F: Flavor, K, V> Chan<F, K, V> {
+    /// Whether the stream has ended: the channel is closed, nothing is pending, and no
+    /// delivery is in flight.
+    fn is_drained(&self, state: &State<F, K, V>) -> bool {
+        let in_flight = state.acked.as_ref().is_some_and(|a| a.in_flight() > 0);
+        state.closed_at.is_some() && state.queue.is_empty() && !in_flight
+    }
+
+    /// When a waiting receiver must look again: the earliest deadline, or the end of the
+    /// earliest held retry.
+    fn next_wake(&self, state: &State<F, K, V>) -> Option<u64>
+    where
+        F::Rank: Ord,
+    {
+        let deadline = state.queue.peek_rank().and_then(F::deadline);
+        let retry = state.acked.as_ref().and_then(|a| a.next_release());
+        match (deadline, retry) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     fn stats(&self) -> Stats {
         let mut state = self.lock();
         state.drop_ended_runs();
@@ -668,7 +723,7 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
             .map(|(_, since)| std::time::Duration::from_nanos(now.saturating_sub(*since)));
         let queue = &state.queue;
         let counts = &state.counts;
-        Stats {
+        let mut stats = Stats {
             pending_values: queue.len(),
             pending_keys: queue.key_count(),
             pending_weight: queue.weight(),
@@ -678,15 +733,23 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
             batches: counts.batches,
             delivered_by: counts.by,
             requeued: counts.requeued,
+            lost: counts.lost,
             senders: state.senders,
             receivers: state.receivers,
+            ..Stats::default()
+        };
+        if let Some(acked) = &state.acked {
+            acked.add_stats(&mut stats);
         }
+        stats
     }
 }
 
+/// Makes a channel; an acknowledging one if `acked`.
 pub(crate) fn channel<F: Flavor, K, V>(
     config: Config,
     weigher: impl Weigher<V>,
+    acked: bool,
 ) -> (Tx<F, K, V>, Rx<F, K, V>)
 where
     F::Rank: Ord,
@@ -710,6 +773,9 @@ where
             arrivals: VecDeque::new(),
             counts: Counts::default(),
             next_id: 0,
+            held_values: 0,
+            held_weight: 0,
+            acked: acked.then(|| Box::new(Acked::new(config.max_attempts))),
         }),
         config,
         // Deadlines before the epoch count as the epoch (they are all due), so take it as
@@ -1026,16 +1092,26 @@ where
     F::Rank: Ord + Clone,
 {
     pub(crate) fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Batch<K, V>>> {
+        self.poll_batch(cx, |chan, state, now, take| chan.pop(state, now, take))
+    }
+
+    /// Waits for what `take` takes under the lock: the core of every `poll_recv`. The
+    /// stream ends once the channel is closed and drained.
+    fn poll_batch<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut take: impl FnMut(&Chan<F, K, V>, &mut State<F, K, V>, u64, Take) -> Vec<T>,
+    ) -> Poll<Option<Vec<T>>> {
         let coop = ready!(coop::poll_proceed(cx));
         loop {
             let chan = &*self.chan;
             let mut guard = chan.lock();
             let now = chan.now();
-            let batch = chan.pop(&mut guard, now, Take::Due);
-            if !batch.is_empty() || guard.closed_at.is_some() {
+            let batch = take(chan, &mut guard, now, Take::Due);
+            if !batch.is_empty() || chan.is_drained(&guard) {
                 guard.receiving.leave(&mut self.waiting);
                 if batch.is_empty() {
-                    // Closed and nothing came out: the queue is empty, and it stays so.
+                    // Closed and drained: it stays so.
                     guard.terminated = true;
                 } else {
                     chan.after_batch(&mut guard, now);
@@ -1048,10 +1124,8 @@ where
                 return Poll::Ready((!batch.is_empty()).then_some(batch));
             }
             let state = &mut *guard;
-            state
-                .receiving
-                .enter(&mut self.waiting, &mut state.next_id, cx.waker());
-            let deadline = state.queue.peek_rank().and_then(F::deadline);
+            state.receiving.enter(&mut self.waiting, &mut state.next_id, cx.waker());
+            let deadline = chan.next_wake(state);
             let deadline = deadline.and_then(|at| flavor::instant(chan.epoch, at));
             drop(guard);
             let Some(deadline) = deadline else {
@@ -1068,6 +1142,12 @@ where
     }
 
     pub(crate) async fn recv(&mut self) -> Option<Batch<K, V>> {
+        self.recv_with(Self::poll_recv).await
+    }
+
+    /// Polls with `poll` until it is ready; if cancelled, stops waiting: the core of every
+    /// `recv`.
+    async fn recv_with<T>(&mut self, mut poll: impl FnMut(&mut Self, &mut Context<'_>) -> Poll<T>) -> T {
         /// Stops waiting if `recv` is cancelled.
         struct Cancel<'a, F: Flavor, K, V>(&'a mut Rx<F, K, V>);
         impl<F: Flavor, K, V> Drop for Cancel<'_, F, K, V> {
@@ -1076,16 +1156,25 @@ where
             }
         }
         let cancel = Cancel(self);
-        poll_fn(|cx| cancel.0.poll_recv(cx)).await
+        poll_fn(|cx| poll(cancel.0, cx)).await
     }
 
     pub(crate) fn try_recv(&mut self) -> Result<Batch<K, V>, TryRecvError> {
+        self.try_batch(|chan, state, now, take| chan.pop(state, now, take))
+    }
+
+    /// Takes what `take` takes under the lock, if anything is due: the core of every
+    /// `try_recv`.
+    fn try_batch<T>(
+        &mut self,
+        take: impl FnOnce(&Chan<F, K, V>, &mut State<F, K, V>, u64, Take) -> Vec<T>,
+    ) -> Result<Vec<T>, TryRecvError> {
         let chan = &*self.chan;
         let mut guard = chan.lock();
         let now = chan.now();
-        let batch = chan.pop(&mut guard, now, Take::Due);
+        let batch = take(chan, &mut guard, now, Take::Due);
         if batch.is_empty() {
-            if guard.closed_at.is_some() {
+            if chan.is_drained(&guard) {
                 guard.terminated = true;
                 return Err(TryRecvError::Disconnected);
             }
@@ -1096,12 +1185,21 @@ where
     }
 
     pub(crate) fn drain_now(&mut self) -> Vec<Batch<K, V>> {
+        self.drain_batches(|chan, state, now, take| chan.pop(state, now, take))
+    }
+
+    /// Takes everything pending now with `take`, in batches: the core of every
+    /// `drain_now`.
+    fn drain_batches<T>(
+        &mut self,
+        mut take: impl FnMut(&Chan<F, K, V>, &mut State<F, K, V>, u64, Take) -> Vec<T>,
+    ) -> Vec<Vec<T>> {
         let chan = &*self.chan;
         let mut guard = chan.lock();
         let now = chan.now();
         let mut batches = Vec::new();
         loop {
-            let batch = chan.pop(&mut guard, now, Take::All);
+            let batch = take(chan, &mut guard, now, Take::All);
             if batch.is_empty() {
                 break;
             }
@@ -1134,7 +1232,7 @@ where
         let state = &mut *guard;
         let count = values.len() as u64;
         let (rank, now) = chan.rank_alone(&mut state.last_now, input);
-        let items = Items::Prepend(values, weights);
+        let items = Items::Prepend(Returned::new(values, weights));
         let inserted = state.queue.insert(hash, key, items, |_, _, _| Some(rank));
         state.counts.requeued += count;
         state
@@ -1151,9 +1249,12 @@ where
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
         let chan = &*self.chan;
         let state = chan.lock();
-        let deadline = state.queue.peek_rank().map(F::deadline)?;
+        let retrying = state.acked.as_ref().is_some_and(|a| a.next_release().is_some());
+        if state.queue.peek_rank().is_none() && !retrying {
+            return None;
+        }
         // Once closed, everything is due.
-        let at = match (deadline, state.closed_at) {
+        let at = match (chan.next_wake(&state), state.closed_at) {
             (Some(at), Some(closed)) => Some(at.min(closed)),
             (at, closed) => at.or(closed),
         };
@@ -1218,13 +1319,22 @@ impl<F: Flavor, K, V> Drop for Rx<F, K, V> {
         if guard.receivers > 0 {
             return;
         }
-        // No one can receive any more: refuse sends and drop what is pending, outside the
-        // lock, since a value's `Drop` is user code.
+        // No one can receive any more: refuse sends and drop what is pending (and the dead
+        // letters), outside the lock, since a value's `Drop` is user code.
         self.chan.close(&mut guard);
-        let pending = guard.queue.take_all();
-        guard.arrivals = VecDeque::new();
+        let state = &mut *guard;
+        state.counts.lost += state.queue.len() as u64;
+        let pending = state.queue.take_all();
+        state.arrivals = VecDeque::new();
+        let dead = state.acked.as_mut().map(|acked| acked.drop_dead_letters());
+        if let Some((_, values, weight)) = &dead {
+            state.held_values -= values;
+            state.held_weight -= weight;
+            state.counts.lost += *values as u64;
+        }
         drop(guard);
         drop(pending);
+        drop(dead);
     }
 }
 

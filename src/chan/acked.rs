@@ -1,0 +1,527 @@
+//! An acknowledging channel's bookkeeping: the deliveries in flight, the retries held for a
+//! delay, and the dead letters; and the [`Link`] through which deliveries are decided.
+//!
+//! A delivered key's slot stays in the queue, held (see `SortedQueue::take_held`): newer
+//! values join it but are not due, so each key has at most one delivery in flight. A
+//! decision ends the hold, or puts the values back in front and ends it, now or after a
+//! delay.
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BinaryHeap, VecDeque};
+use std::hash::{BuildHasher, Hash};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use super::{Chan, Guard, Rx, State, Take, Waiters};
+use crate::ack::{DeadLetter, DeadLetters, Decided, Decision, Delivery, Link};
+use crate::error::TryRecvError;
+use crate::flavor::{self, Flavor};
+use crate::queue::{Hold, Items, Release, Returned};
+use crate::stats::Stats;
+
+pub(super) struct Acked<F: Flavor, K, V> {
+    /// Deliveries in flight, by id.
+    flights: Flights<F::Rank>,
+    in_flight_values: usize,
+    in_flight_weight: usize,
+    /// Held retries, soonest first.
+    delayed: BinaryHeap<Reverse<Delayed<F::Rank>>>,
+    delayed_seq: u64,
+    /// Dead letters not yet taken, with their weights.
+    dead: VecDeque<(DeadLetter<K, V>, usize)>,
+    dead_values: usize,
+    dead_weight: usize,
+    dead_waiting: Waiters,
+    max_attempts: u32,
+    acked: u64,
+    retried: u64,
+    given_up: u64,
+    dead_lettered: u64,
+    attempts: [u64; 8],
+}
+
+/// A delivery in flight.
+struct Flight<R> {
+    /// Its key's hold: `None` for a key that cannot be held (its `Clone` panicked).
+    hold: Option<Hold>,
+    count: usize,
+    weight: usize,
+    /// The key's rank when it went out: a retry ranks by it in `ordered`.
+    rank: R,
+    /// How many times the first values were handed out before (see `Front::handed`).
+    handed: Vec<u32>,
+    attempt: u32,
+    /// When its first value entered, at the latest.
+    entered: u64,
+}
+
+/// The deliveries in flight, in a slab: an id is a slot's index and its generation, so a
+/// flight is found without hashing.
+struct Flights<R> {
+    slots: Vec<(u32, Option<Flight<R>>)>,
+    free: Vec<u32>,
+    live: usize,
+}
+
+/// A retry held until `at`.
+struct Delayed<R> {
+    at: u64,
+    /// Breaks ties: first held, first released.
+    seq: u64,
+    hold: Hold,
+    rank: R,
+}
+
+/// A delivery on its way out of the lock, where it becomes a [`Delivery`].
+pub(super) struct Flown<K, V> {
+    id: u64,
+    key: K,
+    values: Vec<V>,
+    attempt: u32,
+    entered: u64,
+}
+
+impl<R> Flights<R> {
+    fn insert(&mut self, flight: Flight<R>) -> u64 {
+        self.live += 1;
+        let index = match self.free.pop() {
+            Some(index) => index,
+            None => {
+                self.slots.push((0, None));
+                u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 deliveries in flight")
+            }
+        };
+        let slot = &mut self.slots[index as usize];
+        slot.1 = Some(flight);
+        u64::from(slot.0) << 32 | u64::from(index)
+    }
+
+    fn remove(&mut self, id: u64) -> Option<Flight<R>> {
+        let (generation, index) = ((id >> 32) as u32, id as u32);
+        let slot = self.slots.get_mut(index as usize)?;
+        if slot.0 != generation {
+            return None;
+        }
+        let flight = slot.1.take()?;
+        slot.0 = slot.0.wrapping_add(1);
+        self.free.push(index);
+        self.live -= 1;
+        Some(flight)
+    }
+}
+
+impl<R> PartialEq for Delayed<R> {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+
+impl<R> Eq for Delayed<R> {}
+
+impl<R> PartialOrd for Delayed<R> {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl<R> Ord for Delayed<R> {
+    fn cmp(&self, other: &Self) -> Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
+}
+
+impl<F: Flavor, K, V> Acked<F, K, V> {
+    pub(super) fn new(max_attempts: u32) -> Self {
+        Acked {
+            flights: Flights {
+                slots: Vec::new(),
+                free: Vec::new(),
+                live: 0,
+            },
+            in_flight_values: 0,
+            in_flight_weight: 0,
+            delayed: BinaryHeap::new(),
+            delayed_seq: 0,
+            dead: VecDeque::new(),
+            dead_values: 0,
+            dead_weight: 0,
+            dead_waiting: Waiters::default(),
+            max_attempts,
+            acked: 0,
+            retried: 0,
+            given_up: 0,
+            dead_lettered: 0,
+            attempts: [0; 8],
+        }
+    }
+
+    /// Deliveries in flight.
+    pub(super) fn in_flight(&self) -> usize {
+        self.flights.live
+    }
+
+    /// When the soonest held retry ends.
+    pub(super) fn next_release(&self) -> Option<u64> {
+        self.delayed.peek().map(|Reverse(d)| d.at)
+    }
+
+    pub(super) fn add_stats(&self, stats: &mut Stats) {
+        stats.in_flight_keys = self.flights.live;
+        stats.in_flight_values = self.in_flight_values;
+        stats.acked = self.acked;
+        stats.retried = self.retried;
+        stats.given_up = self.given_up;
+        stats.dead_lettered = self.dead_lettered;
+        stats.dead_letters = self.dead_values;
+        stats.attempts = self.attempts;
+    }
+
+    /// Wakes whoever waits for dead letters, once the lock is released.
+    pub(super) fn wake_dead(&self, wakes: &mut Vec<std::task::Waker>) {
+        self.dead_waiting.wake_all(wakes);
+    }
+
+    /// Empties the dead letters, for when no receiver is left: returns them, to be dropped
+    /// after the lock, with their count and weight.
+    pub(super) fn drop_dead_letters(&mut self) -> (VecDeque<(DeadLetter<K, V>, usize)>, usize, usize) {
+        let (values, weight) = (self.dead_values, self.dead_weight);
+        (self.dead_values, self.dead_weight) = (0, 0);
+        (std::mem::take(&mut self.dead), values, weight)
+    }
+}
+
+impl<F: Flavor, K, V> Guard<'_, F, K, V> {
+    fn acked(&mut self) -> &mut Acked<F, K, V> {
+        self.acked.as_deref_mut().expect("an acknowledging channel")
+    }
+}
+
+impl<F: Flavor, K: Hash + Eq + Clone, V> Chan<F, K, V>
+where
+    F::Rank: Ord + Clone,
+{
+    /// Takes the next batch for an acknowledging receiver: held retries whose delay is over
+    /// come back first, then due keys go out held, each a delivery in flight.
+    fn take_deliveries(&self, state: &mut State<F, K, V>, now: u64, take: Take) -> Vec<Flown<K, V>> {
+        self.release_retries(state, now);
+        let (max_values, max_weight) = (self.config.max_batch, self.config.max_batch_weight);
+        self.pop_with(state, now, take, |state, is_due| {
+            let taken = state.queue.take_held(max_values, max_weight, is_due);
+            let mut flown = Vec::with_capacity(taken.len());
+            let mut count = 0;
+            for taken in taken {
+                let values = taken.front.values.len();
+                count += values;
+                // A value that came back knows when it entered; otherwise the run's start
+                // is a time at or before the first value entered.
+                let entered = taken.front.entered.unwrap_or_else(|| {
+                    let at = state
+                        .arrivals
+                        .binary_search_by_key(&taken.run.seq, |(run, _)| run.seq);
+                    at.map_or(now, |at| state.arrivals[at].1)
+                });
+                let attempt = taken.front.handed.first().copied().unwrap_or(0) + 1;
+                state.held_values += values;
+                state.held_weight += taken.weight;
+                let acked = state.acked.as_deref_mut().expect("an acknowledging channel");
+                acked.in_flight_values += values;
+                acked.in_flight_weight += taken.weight;
+                acked.attempts[(attempt as usize - 1).min(7)] += 1;
+                let id = acked.flights.insert(Flight {
+                    hold: taken.hold,
+                    count: values,
+                    weight: taken.weight,
+                    rank: taken.rank.expect("a held or whole key keeps its rank"),
+                    handed: taken.front.handed,
+                    attempt,
+                    entered,
+                });
+                flown.push(Flown {
+                    id,
+                    key: taken.key,
+                    values: taken.front.values,
+                    attempt,
+                    entered,
+                });
+            }
+            (flown, count)
+        })
+    }
+
+    /// Ends the holds of retries whose delay is over, or of every one once the channel is
+    /// closed: they are due at once.
+    fn release_retries(&self, state: &mut State<F, K, V>, now: u64) {
+        let closed = state.closed_at.is_some();
+        let State { acked, queue, .. } = state;
+        let Some(acked) = acked.as_deref_mut() else {
+            return;
+        };
+        while let Some(Reverse(delayed)) = acked.delayed.peek() {
+            if !closed && delayed.at > now {
+                break;
+            }
+            let Some(Reverse(delayed)) = acked.delayed.pop() else {
+                break;
+            };
+            let rank = F::retried(delayed.rank, now);
+            queue.release(delayed.hold, Release::Lower(rank));
+        }
+    }
+
+    /// Makes a decision about the delivery `id`.
+    fn decide_now(&self, id: u64, decision: Decision<K, V>) {
+        let given_up = matches!(decision, Decision::GiveUp);
+        // User code (the weigher, `Hash`) runs before the lock is taken.
+        let retry = match decision {
+            Decision::Retry { after, key, values } => {
+                let weights: Option<Vec<usize>> = self
+                    .weigh
+                    .as_ref()
+                    .map(|weigh| values.iter().map(|v| weigh(v)).collect());
+                let hash = self.hasher.hash_one(&key);
+                Some((after, key, values, weights, hash))
+            }
+            Decision::Ack | Decision::GiveUp => None,
+        };
+        let mut guard = self.lock();
+        let now = self.now();
+        let closed = guard.closed_at.is_some();
+        let receivers = guard.receivers;
+        let acked = guard.acked();
+        let Some(flight) = acked.flights.remove(id) else {
+            // Each delivery is decided once: its `Delivery` is gone after that.
+            unreachable!("a delivery decided twice");
+        };
+        acked.in_flight_values -= flight.count;
+        acked.in_flight_weight -= flight.weight;
+        let max_attempts = acked.max_attempts;
+        guard.held_values -= flight.count;
+        guard.held_weight -= flight.weight;
+        let mut release = Some(Release::Keep);
+        match retry {
+            None => {
+                let acked = guard.acked();
+                match given_up {
+                    true => acked.given_up += flight.count as u64,
+                    false => acked.acked += flight.count as u64,
+                }
+            }
+            Some((_, key, values, _, _)) if receivers == 0 => {
+                // No one will receive them: they are lost, and dropped after the lock.
+                guard.counts.lost += flight.count as u64;
+                guard.spare.0 = Some(key);
+                guard.spare_values = values;
+            }
+            Some((_, key, values, weights, _)) if flight.attempt >= max_attempts => {
+                let weight = weights.map_or(values.len(), |w| w.iter().sum());
+                let letter = DeadLetter {
+                    key,
+                    values,
+                    attempts: flight.attempt,
+                };
+                guard.held_values += flight.count;
+                guard.held_weight += weight;
+                let acked = guard.acked();
+                acked.dead.push_back((letter, weight));
+                acked.dead_values += flight.count;
+                acked.dead_weight += weight;
+                acked.dead_lettered += flight.count as u64;
+                let state = guard.state.as_ref().expect("the guard holds the lock");
+                let acked = state.acked.as_deref().expect("an acknowledging channel");
+                acked.wake_dead(&mut guard.wakes);
+            }
+            Some((after, key, values, weights, hash)) => {
+                guard.acked().retried += flight.count as u64;
+                let handed = (0..values.len())
+                    .map(|i| flight.handed.get(i).copied().unwrap_or(0) + 1)
+                    .collect();
+                let back = Returned {
+                    values,
+                    weights,
+                    handed,
+                    entered: Some(flight.entered),
+                };
+                let rank = F::retried(flight.rank, now);
+                match flight.hold {
+                    Some(hold) => {
+                        let state = &mut *guard;
+                        let given = state.queue.give_back(hold, back);
+                        debug_assert!(given.is_ok(), "a hold lasts while its delivery flies");
+                        let delay = u64::try_from(after.as_nanos()).unwrap_or(u64::MAX);
+                        if delay == 0 || closed {
+                            release = Some(Release::Lower(rank));
+                        } else {
+                            let acked = guard.acked();
+                            acked.delayed_seq += 1;
+                            let seq = acked.delayed_seq;
+                            acked.delayed.push(Reverse(Delayed {
+                                at: now.saturating_add(delay),
+                                seq,
+                                hold,
+                                rank,
+                            }));
+                            release = None;
+                            // Their timers may need to ring sooner.
+                            guard.wake_receivers();
+                        }
+                    }
+                    None => {
+                        // A key that cannot be held goes back in as new values would.
+                        let state = &mut *guard;
+                        let inserted =
+                            state
+                                .queue
+                                .insert(hash, key, Items::Prepend(back), |_, _, _| Some(rank));
+                        state
+                            .arrivals
+                            .extend(inserted.new_run.map(|run| (run, flight.entered)));
+                        guard.spare = (inserted.spare_key, inserted.spare_rank);
+                        if inserted.leads {
+                            guard.wake_receivers();
+                        }
+                    }
+                }
+            }
+        }
+        if let (Some(hold), Some(release)) = (flight.hold, release) {
+            if guard.queue.release(hold, release) {
+                guard.wake_receivers();
+            }
+        }
+        // Room may be back, or a key slot, or the stream may have ended.
+        self.serve(&mut guard);
+        if self.is_drained(&guard) {
+            guard.wake_receivers();
+            let state = guard.state.as_ref().expect("the guard holds the lock");
+            let acked = state.acked.as_deref().expect("an acknowledging channel");
+            acked.wake_dead(&mut guard.wakes);
+        }
+    }
+}
+
+impl<F, K, V> Link<K, V> for Chan<F, K, V>
+where
+    F: Flavor,
+    F::Rank: Ord + Clone + Send,
+    K: Hash + Eq + Clone + Send,
+    V: Send,
+{
+    fn decide(&self, id: u64, decision: Decision<K, V>) -> Decided<()> {
+        self.decide_now(id, decision);
+        Decided::done(Ok(()))
+    }
+
+    fn poll_dead(
+        &self,
+        waiting: &mut Option<u64>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<DeadLetter<K, V>>> {
+        let mut guard = self.lock();
+        match self.take_dead(&mut guard) {
+            Ok(letter) => {
+                guard.acked().dead_waiting.leave(waiting);
+                Poll::Ready(Some(letter))
+            }
+            Err(TryRecvError::Disconnected) => {
+                guard.acked().dead_waiting.leave(waiting);
+                Poll::Ready(None)
+            }
+            Err(TryRecvError::Empty) => {
+                let state = &mut *guard;
+                let acked = state.acked.as_deref_mut().expect("an acknowledging channel");
+                acked
+                    .dead_waiting
+                    .enter(waiting, &mut state.next_id, cx.waker());
+                Poll::Pending
+            }
+        }
+    }
+
+    fn try_dead(&self) -> Result<DeadLetter<K, V>, TryRecvError> {
+        self.take_dead(&mut self.lock())
+    }
+
+    fn stop_dead(&self, waiting: &mut Option<u64>) {
+        self.lock().acked().dead_waiting.leave(waiting);
+    }
+}
+
+impl<F: Flavor, K, V> Chan<F, K, V> {
+    /// Takes the next dead letter: room comes back for it.
+    fn take_dead(&self, guard: &mut Guard<'_, F, K, V>) -> Result<DeadLetter<K, V>, TryRecvError> {
+        let receivers = guard.receivers;
+        let drained = self.is_drained(guard);
+        let acked = guard.acked();
+        let Some((letter, weight)) = acked.dead.pop_front() else {
+            // No receiver left, or nothing that could still die: no more dead letters.
+            return match receivers == 0 || drained {
+                true => Err(TryRecvError::Disconnected),
+                false => Err(TryRecvError::Empty),
+            };
+        };
+        acked.dead_values -= letter.values.len();
+        acked.dead_weight -= weight;
+        guard.held_values -= letter.values.len();
+        guard.held_weight -= weight;
+        self.serve(guard);
+        Ok(letter)
+    }
+}
+
+impl<F, K, V> Rx<F, K, V>
+where
+    F: Flavor + 'static,
+    F::Rank: Ord + Clone + Send + 'static,
+    K: Hash + Eq + Clone + Send + 'static,
+    V: Send + 'static,
+{
+    /// The link every delivery of this channel decides through.
+    fn link(&self) -> Arc<dyn Link<K, V>> {
+        Arc::clone(&self.chan) as Arc<dyn Link<K, V>>
+    }
+
+    /// Turns what was taken under the lock into deliveries, after it.
+    fn deliveries(&self, flown: Vec<Flown<K, V>>) -> Vec<Delivery<K, V>> {
+        let link = self.link();
+        let epoch = self.chan.epoch;
+        flown
+            .into_iter()
+            .map(|f| {
+                let entered = flavor::instant(epoch, f.entered).unwrap_or(epoch);
+                Delivery::new(f.key, f.values, f.attempt, entered, f.id, Arc::clone(&link))
+            })
+            .collect()
+    }
+
+    pub(crate) fn poll_deliveries(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Vec<Delivery<K, V>>>> {
+        let polled = self.poll_batch(cx, |chan, state, now, take| {
+            chan.take_deliveries(state, now, take)
+        });
+        polled.map(|batch| batch.map(|flown| self.deliveries(flown)))
+    }
+
+    pub(crate) async fn recv_deliveries(&mut self) -> Option<Vec<Delivery<K, V>>> {
+        self.recv_with(Self::poll_deliveries).await
+    }
+
+    pub(crate) fn try_recv_deliveries(&mut self) -> Result<Vec<Delivery<K, V>>, TryRecvError> {
+        let taken = self.try_batch(|chan, state, now, take| chan.take_deliveries(state, now, take));
+        taken.map(|flown| self.deliveries(flown))
+    }
+
+    pub(crate) fn drain_deliveries(&mut self) -> Vec<Vec<Delivery<K, V>>> {
+        let batches =
+            self.drain_batches(|chan, state, now, take| chan.take_deliveries(state, now, take));
+        batches
+            .into_iter()
+            .map(|flown| self.deliveries(flown))
+            .collect()
+    }
+
+    pub(crate) fn dead_letters(&self) -> DeadLetters<K, V> {
+        DeadLetters::new(self.link())
+    }
+}
