@@ -151,8 +151,10 @@
 //! a weigher) makes that call panic. The channel stays usable and no other key's values are
 //! lost: such a panic under the channel's lock poisons the lock, and the channel recovers it,
 //! since its state is whole at every point where user code runs. A key whose `Clone` panics
-//! when a batch has to split it is not split again: its values go out together, in a batch
-//! of their own, even past `max_batch` and `max_batch_weight`.
+//! when a batch has to split it is not split again: its values go out together, whole,
+//! beside other keys when they fit and alone, even past `max_batch` and
+//! `max_batch_weight`, when they do not. `drain_now` hands over the batches it took before
+//! such a panic, and panics only if it took none.
 //!
 //! User code that runs under the lock is exactly this: `Eq` of keys (when a value goes in,
 //! or a key is flushed), `Clone` of a key that a batch splits, and in `ordered`, `Ord` and

@@ -299,6 +299,50 @@ async fn clone_panic_then_drain_and_recv_make_progress() {
     assert_eq!(end, None);
 }
 
+/// `drain_now` takes a batch, then panics splitting the next key: the batch it took used to
+/// be dropped with the panic, though counted delivered. Now the drain hands over what it
+/// took, and the next drain takes the key whole.
+#[test]
+fn drain_now_keeps_the_batches_taken_before_a_panic() {
+    let (tx, mut rx) = timed::Builder::new(secs(60))
+        .max_batch(2)
+        .build::<Touchy, u32>();
+    tx.try_send(Touchy(1), 10).unwrap();
+    tx.try_send(Touchy(1), 11).unwrap();
+    for v in 1..=3 {
+        tx.try_send(Touchy(7), v).unwrap();
+    }
+    arm(7, &[What::Clone]);
+    let first = rx.drain_now();
+    disarm();
+    assert_eq!(first, vec![vec![(Touchy(1), vec![10, 11])]]);
+    assert_eq!(rx.drain_now(), vec![vec![(Touchy(7), vec![1, 2, 3])]]);
+    let stats = rx.stats();
+    assert_eq!((stats.sent, stats.delivered), (5, 5));
+}
+
+/// A key whose `Clone` panicked goes out whole: alone when it does not fit, and beside
+/// other keys when it does.
+#[test]
+fn unsplittable_key_shares_a_batch_when_it_fits() {
+    let (tx, mut rx) = ordered::Builder::new()
+        .max_batch(3)
+        .build::<u8, Touchy, u32>();
+    tx.try_send(0, Touchy(1), 1).unwrap();
+    tx.try_send(0, Touchy(1), 2).unwrap();
+    tx.try_send(1, Touchy(7), 3).unwrap();
+    tx.try_send(1, Touchy(7), 4).unwrap();
+    tx.try_send(2, Touchy(9), 5).unwrap();
+    arm(7, &[What::Clone]);
+    assert!(panics(|| rx.try_recv()));
+    disarm();
+    assert_eq!(rx.try_recv(), Ok(vec![(Touchy(1), vec![1, 2])]));
+    assert_eq!(
+        rx.try_recv(),
+        Ok(vec![(Touchy(7), vec![3, 4]), (Touchy(9), vec![5])])
+    );
+}
+
 // ===== counted drops =====
 
 /// Counts the drops of each `Tracked` value it made.

@@ -645,6 +645,64 @@ async fn max_keys_keeps_per_key_order_across_tasks() {
     assert_eq!(count, 200);
 }
 
+/// `max_keys` with `capacity`: a send for a pending key that waits in the key line behind an
+/// earlier send of its key needs room, not a key slot. It used to sleep while room came back
+/// with every slot taken; it is woken as soon as there is room.
+#[test]
+fn key_line_send_for_a_pending_key_is_woken_when_room_returns() {
+    let (tx, mut rx) = ordered::Builder::new()
+        .max_keys(2)
+        .capacity(3)
+        .max_batch(1)
+        .build::<u8, &str, u32>();
+    tx.try_send(0, "a", 1).unwrap();
+    tx.try_send(0, "b", 1).unwrap();
+    let mut first = task::spawn(tx.send(0, "c", 1));
+    let mut second = task::spawn(tx.send(0, "c", 2));
+    assert_pending!(first.poll());
+    assert_pending!(second.poll());
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1])]));
+    assert_ready_ok!(first.poll());
+    tx.try_send(0, "b", 2).unwrap(); // the last place
+    assert_pending!(second.poll()); // no room: it waits, first in the key line
+    assert_eq!(rx.try_recv(), Ok(vec![("b", vec![1])])); // room is back; two keys still
+    assert!(
+        second.is_woken(),
+        "room came back for a send that needs no key slot"
+    );
+    assert_ready_ok!(second.poll());
+}
+
+/// The same after a burst: the second send of a key waits behind a send of another new key;
+/// once that one takes the freed slot, the second send (its key pending, room free) goes.
+#[test]
+fn burst_for_a_pending_key_goes_in_after_another_key_takes_the_slot() {
+    let (tx, mut rx) = ordered::Builder::new()
+        .max_keys(2)
+        .capacity(3)
+        .max_batch(2)
+        .build::<u8, &str, u32>();
+    tx.try_send(0, "a", 1).unwrap();
+    tx.try_send(5, "b", 1).unwrap();
+    let mut c1 = task::spawn(tx.send(5, "c", 1));
+    let mut d1 = task::spawn(tx.send(5, "d", 1));
+    let mut c2 = task::spawn(tx.send(5, "c", 2));
+    assert_pending!(c1.poll());
+    assert_pending!(d1.poll());
+    assert_pending!(c2.poll());
+    tx.try_send(0, "a", 2).unwrap();
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1, 2])]));
+    assert_ready_ok!(c1.poll());
+    tx.try_send(5, "b", 2).unwrap();
+    assert_pending!(c2.poll());
+    assert_eq!(rx.try_recv(), Ok(vec![("b", vec![1, 2])]));
+    assert_ready_ok!(d1.poll());
+    assert!(c2.is_woken(), "c is pending and there is room");
+    assert_ready_ok!(c2.poll());
+    assert_eq!(rx.try_recv(), Ok(vec![("c", vec![1, 2])]));
+    assert_eq!(rx.try_recv(), Ok(vec![("d", vec![1])]));
+}
+
 /// `max_keys` keeps per-key order when the key becomes pending through `requeue`: the
 /// waiting send of that key is woken and goes in, behind the requeued values.
 #[tokio::test(start_paused = true)]

@@ -501,3 +501,38 @@ async fn sink_close_sends_what_it_holds_first() {
     let got = consumer.await.unwrap();
     assert_eq!(got, vec![("a", vec![1]), ("b", vec![2]), ("c", vec![3])]);
 }
+
+// ===== sinks and max_keys =====
+
+/// A sink held back by an earlier send of the same key is woken when that send gives up,
+/// wherever it stood in the key line.
+#[test]
+fn sink_is_woken_when_a_same_key_send_ahead_leaves() {
+    let (tx, rx) = ordered::Builder::new().max_keys(1).build::<u8, &str, u32>();
+    tx.try_send(0, "a", 1).unwrap();
+    let mut first = task::spawn(tx.send(0, "c", 1)); // first in the key line
+    let mut ahead = task::spawn(tx.send(0, "b", 1)); // a new key too, behind it
+    assert_pending!(first.poll());
+    assert_pending!(ahead.poll());
+    rx.requeue(0, "b", vec![0]).unwrap(); // "b" is pending now
+    let mut sink = tx.clone();
+    let mut fed = task::spawn(async move { SinkExt::send(&mut sink, (0, "b", 2)).await });
+    assert_pending!(fed.poll()); // behind the earlier "b"
+    drop(ahead);
+    assert!(fed.is_woken(), "nothing holds the sink back now");
+    assert_ready_ok!(fed.poll());
+    drop(first);
+}
+
+/// A sink waiting for a key slot is woken when a `requeue` makes its key pending.
+#[test]
+fn sink_is_woken_when_a_requeue_makes_its_key_pending() {
+    let (tx, rx) = ordered::Builder::new().max_keys(1).build::<u8, &str, u32>();
+    tx.try_send(0, "a", 1).unwrap();
+    let mut sink = tx.clone();
+    let mut fed = task::spawn(async move { SinkExt::send(&mut sink, (0, "b", 2)).await });
+    assert_pending!(fed.poll());
+    rx.requeue(0, "b", vec![0]).unwrap();
+    assert!(fed.is_woken());
+    assert_ready_ok!(fed.poll());
+}

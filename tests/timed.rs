@@ -623,6 +623,43 @@ async fn close_leaves_no_timer() {
     assert_eq!(rx.recv().await, None);
 }
 
+/// No polling: a `next()` that lost a `select!`, then `drain_now` on the shutdown path: the
+/// receiver stops waiting, and its timer goes. It used to stay set for the drained key.
+#[tokio::test(start_paused = true)]
+async fn drain_after_an_abandoned_next_leaves_no_timer() {
+    let (tx, mut rx) = timed::channel(common::time::HOUR);
+    tx.send("k", 1).await.unwrap();
+    {
+        let mut next = task::spawn(rx.next());
+        assert_pending!(next.poll());
+    }
+    assert_eq!(rx.drain_now(), vec![vec![("k", vec![1])]]);
+    assert!(
+        idle_wait(ms(20)).await < secs(1),
+        "a stray timer moved the clock"
+    );
+    drop(tx);
+}
+
+/// No polling: a clone drains early; the other clone, still waiting, is woken to re-arm,
+/// instead of keeping a timer for a deadline that is gone.
+#[tokio::test(start_paused = true)]
+async fn a_clone_draining_early_leaves_no_stale_timer() {
+    let (tx, mut a) = timed::channel::<&str, i32>(common::time::HOUR);
+    let mut b = a.clone();
+    tx.send("k", 1).await.unwrap();
+    let mut wait = task::spawn(a.recv());
+    assert_pending!(wait.poll());
+    assert_eq!(b.drain_now(), vec![vec![("k", vec![1])]]);
+    assert!(wait.is_woken());
+    assert_pending!(wait.poll());
+    assert!(
+        idle_wait(ms(20)).await < secs(1),
+        "a stray timer moved the clock"
+    );
+    drop(tx);
+}
+
 // ===== extreme times =====
 
 /// Past about 146 years from the channel's start, a deadline in nanoseconds no longer fits.

@@ -6,11 +6,12 @@
 //! ranks whose `Drop` is user code, are collected while the lock is held and released after
 //! it is: see [`Guard`].
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::future::{poll_fn, Future};
 use std::hash::{BuildHasher, Hash};
 use std::mem;
 use std::ops::{Deref, DerefMut};
+use std::panic::{self, AssertUnwindSafe};
 use std::pin::{pin, Pin};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{ready, Context, Poll, Wake, Waker};
@@ -265,23 +266,20 @@ impl Line {
         self.waiting.push_back(waiting);
     }
 
-    /// Removes the send with id `id`; returns its key's hash and whether it was first.
-    fn remove(&mut self, id: u64) -> Option<(u64, bool)> {
-        let (at, gone) = match self.waiting.front() {
-            Some(front) if front.id == id => (0, self.waiting.pop_front()),
-            _ => match self.find(id) {
-                Some(at) => (at, self.waiting.remove(at)),
-                None => (0, None),
-            },
+    /// Removes the send with id `id`; returns whether it was there.
+    fn remove(&mut self, id: u64) -> bool {
+        let gone = match self.waiting.front() {
+            Some(front) if front.id == id => self.waiting.pop_front(),
+            _ => self.find(id).and_then(|at| self.waiting.remove(at)),
         };
-        let gone = gone?;
+        let Some(gone) = gone else { return false };
         if let hashbrown::hash_map::Entry::Occupied(mut count) = self.hashes.entry(gone.hash) {
             *count.get_mut() -= 1;
             if *count.get() == 0 {
                 count.remove();
             }
         }
-        Some((gone.hash, at == 0))
+        true
     }
 
     /// Whether a send for a key of this hash waits here ahead of `place` (or at all, for a
@@ -295,14 +293,6 @@ impl Line {
             .iter()
             .take_while(|w| w.id < mine)
             .any(|w| w.hash == hash)
-    }
-
-    /// The first send for a key of this hash.
-    fn first_with(&self, hash: u64) -> Option<&Waiting> {
-        match self.hashes.contains_key(&hash) {
-            true => self.waiting.iter().find(|w| w.hash == hash),
-            false => None,
-        }
     }
 }
 
@@ -372,9 +362,16 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
         len < self.config.capacity && fits
     }
 
-    /// Wakes the sends that may go in now: the first of each line if there is room for it,
-    /// and the sinks if no send waits for room. Call it whenever room may have come back or
-    /// the first of a line changed.
+    /// Wakes every send that may go in now:
+    ///
+    /// - the first of the room line, if there is room for it;
+    /// - the first of the key line, if there is room and a key slot;
+    /// - in the key line, the first send of each key that is pending, if there is room: it
+    ///   needs no key slot (a key's values go in in order, so only its first send may);
+    /// - the sinks, if no send waits for room and there is room.
+    ///
+    /// Call it after anything that can change who may go in: room coming back, a key
+    /// becoming pending, the first of a line moving on.
     fn serve(&self, guard: &mut Guard<'_, F, K, V>) {
         let state = guard.state.as_ref().expect("the guard holds the lock");
         let wakes = &mut guard.wakes;
@@ -383,10 +380,23 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
                 wakes.push(front.waker.clone());
             }
         }
-        if let Some(front) = state.key_line.waiting.front() {
+        let key_line = &state.key_line.waiting;
+        if let Some(front) = key_line.front() {
             let slot = state.queue.slot_count() < self.config.max_keys;
             if slot && self.has_room(state, front.weight) {
                 wakes.push(front.waker.clone());
+            }
+            // The key line is short (it holds sends for new keys, beyond `max_keys`), and
+            // this runs only while it is not empty.
+            let mut seen = HashSet::with_capacity(state.key_line.hashes.len());
+            for waiting in key_line {
+                let first_of_key = seen.insert(waiting.hash);
+                if first_of_key
+                    && state.queue.has_hash(waiting.hash)
+                    && self.has_room(state, waiting.weight)
+                {
+                    wakes.push(waiting.waker.clone());
+                }
             }
         }
         if !state.sinks.is_empty() && state.room_line.waiting.is_empty() && self.has_room(state, 0)
@@ -395,26 +405,10 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
         }
     }
 
-    /// Gives up a waiting send's place: the next in line, and the next send of the same
-    /// key, may now go in.
+    /// Gives up a waiting send's place: whoever it held back may now go in.
     fn leave(&self, guard: &mut Guard<'_, F, K, V>, place: Place) {
-        let Some((hash, first)) = guard.line(place.line).remove(place.id) else {
-            return;
-        };
-        if place.line == LineName::Key {
-            self.wake_same_key(guard, hash);
-        }
-        if first {
+        if guard.line(place.line).remove(place.id) {
             self.serve(guard);
-        }
-    }
-
-    /// A send of the key with this hash went in or left the key line: the first send of
-    /// that key still waiting there may now go in.
-    fn wake_same_key(&self, guard: &mut Guard<'_, F, K, V>, hash: u64) {
-        if let Some(next) = guard.key_line.first_with(hash) {
-            let waker = next.waker.clone();
-            guard.wakes.push(waker);
         }
     }
 
@@ -553,14 +547,11 @@ where
         if inserted.leads {
             guard.wake_receivers();
         }
-        let place = place.take();
-        if let Some(place) = place {
+        if let Some(place) = place.take() {
+            // The line moved on, and the key is pending: room may be left for the next in
+            // line, or for the next send of this key. A send that was in no line held no
+            // one back, and its key had no earlier send waiting, so it has no one to wake.
             guard.line(place.line).remove(place.id);
-        }
-        self.wake_same_key(guard, hash);
-        if place.is_some() {
-            // The line moved on: room may be left for the next in it. A send that was in no
-            // line changed no line and freed no room, so it has no one to wake.
             self.serve(guard);
         }
         Ok(())
@@ -1169,6 +1160,8 @@ where
         &mut self,
         take: impl FnOnce(&Chan<F, K, V>, &mut State<F, K, V>, u64, Take) -> Vec<T>,
     ) -> Result<Vec<T>, TryRecvError> {
+        // A receiver last polled as a stream stops waiting: it holds no timer from now on.
+        self.stop_waiting();
         let chan = &*self.chan;
         let mut guard = chan.lock();
         let now = chan.now();
@@ -1194,16 +1187,30 @@ where
         &mut self,
         mut take: impl FnMut(&Chan<F, K, V>, &mut State<F, K, V>, u64, Take) -> Vec<T>,
     ) -> Vec<Vec<T>> {
+        self.stop_waiting();
         let chan = &*self.chan;
         let mut guard = chan.lock();
         let now = chan.now();
         let mut batches = Vec::new();
         loop {
-            let batch = take(chan, &mut guard, now, Take::All);
-            if batch.is_empty() {
-                break;
+            // A panic in user code while a batch is made (a key's `Clone`) takes nothing
+            // out; but the batches taken before it are out of the queue, and must not be
+            // dropped with the panic. So the first panic stops the drain, which hands over
+            // what it took; only a drain that took nothing panics. The key is then not split
+            // again, and the next drain takes it whole.
+            let popped =
+                panic::catch_unwind(AssertUnwindSafe(|| take(chan, &mut guard, now, Take::All)));
+            match popped {
+                Ok(batch) if batch.is_empty() => break,
+                Ok(batch) => batches.push(batch),
+                Err(panic) if batches.is_empty() => panic::resume_unwind(panic),
+                Err(_) => break,
             }
-            batches.push(batch);
+        }
+        if !batches.is_empty() {
+            // Keys went before their deadlines: the other waiting receivers' timers may be
+            // set for deadlines that are gone.
+            guard.wake_receivers();
         }
         chan.after_batch(&mut guard, now);
         batches
@@ -1242,7 +1249,8 @@ where
         if inserted.leads {
             guard.wake_receivers();
         }
-        chan.wake_same_key(&mut guard, hash);
+        // Its key may be pending now: a send of it waiting for a key slot may go in.
+        chan.serve(&mut guard);
         Ok(())
     }
 

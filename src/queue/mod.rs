@@ -43,8 +43,8 @@
 //! values are lost.
 //!
 //! Splitting a key (when it does not fit in a batch) clones it. If that `Clone` panics, the
-//! key is not split again: from then on its values go out together, in a batch of their
-//! own, even past the caps, so that the keys behind it are not stuck.
+//! key is not split again: from then on its values go out together, whole (alone, even past
+//! the caps, when they do not fit), so that the keys behind it are not stuck.
 
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
@@ -268,6 +268,12 @@ impl<R, K, V> SortedQueue<R, K, V> {
     /// with a copy of it before taking its lock.
     pub(crate) fn hasher(&self) -> &DefaultHashBuilder {
         &self.hasher
+    }
+
+    /// Whether a key with this hash is pending: a key of it may be, and another key with
+    /// the same hash may be instead.
+    pub(crate) fn has_hash(&self, hash: u64) -> bool {
+        self.slots.find(hash, |s| s.hash == hash).is_some()
     }
 
     /// Whether `run` is still the key's current run of pending values.
