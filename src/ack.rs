@@ -416,9 +416,7 @@ impl<T> Decided<T> {
                 Decided::done(result.map(|_| value))
             }
             DecidedState::Waiting(future) => Decided {
-                state: DecidedState::Waiting(Box::pin(async move {
-                    future.await.map(|_| value)
-                })),
+                state: DecidedState::Waiting(Box::pin(async move { future.await.map(|_| value) })),
             },
         }
     }

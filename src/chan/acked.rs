@@ -183,7 +183,9 @@ impl<F: Flavor, K, V> Acked<F, K, V> {
 
     /// Empties the dead letters, for when no receiver is left: returns them, to be dropped
     /// after the lock, with their count and weight.
-    pub(super) fn drop_dead_letters(&mut self) -> (VecDeque<(DeadLetter<K, V>, usize)>, usize, usize) {
+    pub(super) fn drop_dead_letters(
+        &mut self,
+    ) -> (VecDeque<(DeadLetter<K, V>, usize)>, usize, usize) {
         let (values, weight) = (self.dead_values, self.dead_weight);
         (self.dead_values, self.dead_weight) = (0, 0);
         (std::mem::take(&mut self.dead), values, weight)
@@ -202,7 +204,12 @@ where
 {
     /// Takes the next batch for an acknowledging receiver: held retries whose delay is over
     /// come back first, then due keys go out held, each a delivery in flight.
-    fn take_deliveries(&self, state: &mut State<F, K, V>, now: u64, take: Take) -> Vec<Flown<K, V>> {
+    fn take_deliveries(
+        &self,
+        state: &mut State<F, K, V>,
+        now: u64,
+        take: Take,
+    ) -> Vec<Flown<K, V>> {
         self.release_retries(state, now);
         let (max_values, max_weight) = (self.config.max_batch, self.config.max_batch_weight);
         self.pop_with(state, now, take, |state, is_due| {
@@ -223,7 +230,10 @@ where
                 let attempt = taken.front.handed.first().copied().unwrap_or(0) + 1;
                 state.held_values += values;
                 state.held_weight += taken.weight;
-                let acked = state.acked.as_deref_mut().expect("an acknowledging channel");
+                let acked = state
+                    .acked
+                    .as_deref_mut()
+                    .expect("an acknowledging channel");
                 acked.in_flight_values += values;
                 acked.in_flight_weight += taken.weight;
                 acked.attempts[(attempt as usize - 1).min(7)] += 1;
@@ -292,6 +302,9 @@ where
             // Each delivery is decided once: its `Delivery` is gone after that.
             unreachable!("a delivery decided twice");
         };
+        // The rank may be user code: it goes back into the queue with a retry, or is dropped
+        // after the lock.
+        let mut rank = Some(flight.rank);
         acked.in_flight_values -= flight.count;
         acked.in_flight_weight -= flight.weight;
         let max_attempts = acked.max_attempts;
@@ -341,7 +354,7 @@ where
                     handed,
                     entered: Some(flight.entered),
                 };
-                let rank = F::retried(flight.rank, now);
+                let rank = F::retried(rank.take().expect("not yet used"), now);
                 match flight.hold {
                     Some(hold) => {
                         let state = &mut *guard;
@@ -382,6 +395,10 @@ where
                     }
                 }
             }
+        }
+        if rank.is_some() {
+            // Not over the unheld retry's spare rank, which would then drop here.
+            guard.spare.1 = rank;
         }
         if let (Some(hold), Some(release)) = (flight.hold, release) {
             if guard.queue.release(hold, release) {
@@ -428,7 +445,10 @@ where
             }
             Err(TryRecvError::Empty) => {
                 let state = &mut *guard;
-                let acked = state.acked.as_deref_mut().expect("an acknowledging channel");
+                let acked = state
+                    .acked
+                    .as_deref_mut()
+                    .expect("an acknowledging channel");
                 acked
                     .dead_waiting
                     .enter(waiting, &mut state.next_id, cx.waker());

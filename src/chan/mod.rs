@@ -620,7 +620,9 @@ where
     fn pop(&self, state: &mut State<F, K, V>, now: u64, take: Take) -> Batch<K, V> {
         let (max_values, max_weight) = (self.config.max_batch, self.config.max_batch_weight);
         self.pop_with(state, now, take, |state, is_due| {
-            let batch = state.queue.pop_batch_weighted(max_values, max_weight, is_due);
+            let batch = state
+                .queue
+                .pop_batch_weighted(max_values, max_weight, is_due);
             let values = batch.iter().map(|(_, values)| values.len()).sum();
             (batch, values)
         })
@@ -1115,7 +1117,9 @@ where
                 return Poll::Ready((!batch.is_empty()).then_some(batch));
             }
             let state = &mut *guard;
-            state.receiving.enter(&mut self.waiting, &mut state.next_id, cx.waker());
+            state
+                .receiving
+                .enter(&mut self.waiting, &mut state.next_id, cx.waker());
             let deadline = chan.next_wake(state);
             let deadline = deadline.and_then(|at| flavor::instant(chan.epoch, at));
             drop(guard);
@@ -1138,7 +1142,10 @@ where
 
     /// Polls with `poll` until it is ready; if cancelled, stops waiting: the core of every
     /// `recv`.
-    async fn recv_with<T>(&mut self, mut poll: impl FnMut(&mut Self, &mut Context<'_>) -> Poll<T>) -> T {
+    async fn recv_with<T>(
+        &mut self,
+        mut poll: impl FnMut(&mut Self, &mut Context<'_>) -> Poll<T>,
+    ) -> T {
         /// Stops waiting if `recv` is cancelled.
         struct Cancel<'a, F: Flavor, K, V>(&'a mut Rx<F, K, V>);
         impl<F: Flavor, K, V> Drop for Cancel<'_, F, K, V> {
@@ -1257,7 +1264,10 @@ where
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
         let chan = &*self.chan;
         let state = chan.lock();
-        let retrying = state.acked.as_ref().is_some_and(|a| a.next_release().is_some());
+        let retrying = state
+            .acked
+            .as_ref()
+            .is_some_and(|a| a.next_release().is_some());
         if state.queue.peek_rank().is_none() && !retrying {
             return None;
         }

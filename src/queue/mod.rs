@@ -689,12 +689,21 @@ where
                             entered: extra.entered,
                         },
                     };
+                    // A plain batch has no use for the rank: it goes with the other drops
+                    // the owner may defer.
+                    let rank = match hold {
+                        true => Some(rank),
+                        false => {
+                            self.index.discard(rank);
+                            None
+                        }
+                    };
                     Taken {
                         key,
                         front,
                         weight: share.weight,
                         hold: None,
-                        rank: Some(rank),
+                        rank,
                         run: Run { hash, seq },
                     }
                 }
@@ -978,7 +987,8 @@ where
                     slot.seq = id;
                     self.held_empty -= 1;
                     inserted.new_run = Some(Run { hash, seq: id });
-                } else if let Some(rank) = rank(Some(&slot.rank), values + count, slot_weight + weight)
+                } else if let Some(rank) =
+                    rank(Some(&slot.rank), values + count, slot_weight + weight)
                 {
                     let lower = index.guard(|_| rank < slot.rank);
                     match lower {

@@ -437,7 +437,10 @@ fn a_held_key_is_not_due_until_released() {
     assert!(q.take_held(usize::MAX, usize::MAX, |_| true).is_empty());
     assert!(q.pop_batch(usize::MAX, |_| true).is_empty());
     let hold = taken[0].hold.expect("held");
-    assert!(q.release(hold, Release::Keep), "released with values: it leads");
+    assert!(
+        q.release(hold, Release::Keep),
+        "released with values: it leads"
+    );
     assert_eq!(q.pop_batch(usize::MAX, |_| true), vec![("a", vec![3])]);
     // "b" had no new values: releasing it removes it.
     assert!(!q.release(taken[1].hold.expect("held"), Release::Keep));
@@ -471,7 +474,11 @@ fn values_given_back_go_in_front_with_their_counts() {
     assert_eq!(q.peek_rank(), Some(&4));
     let again = q.take_held(2, usize::MAX, |_| true).remove(0);
     assert_eq!(again.front.values, vec![1, 2]);
-    assert_eq!(again.front.handed, vec![1], "the count of the value that came back");
+    assert_eq!(
+        again.front.handed,
+        vec![1],
+        "the count of the value that came back"
+    );
     assert_eq!(again.front.entered, Some(42));
     let last = q.release(again.hold.unwrap(), Release::Keep);
     assert!(last);
