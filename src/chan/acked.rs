@@ -27,8 +27,8 @@ pub(super) struct Acked<F: Flavor, K, V> {
     /// Held retries, soonest first.
     delayed: BinaryHeap<Reverse<Delayed<F::Rank>>>,
     delayed_seq: u64,
-    /// Dead letters not yet taken, with their weights.
-    dead: VecDeque<(DeadLetter<K, V>, usize)>,
+    /// Dead letters not yet taken.
+    dead: Dead<K, V>,
     dead_values: usize,
     dead_weight: usize,
     dead_waiting: Waiters,
@@ -39,6 +39,9 @@ pub(super) struct Acked<F: Flavor, K, V> {
     dead_lettered: u64,
     attempts: [u64; 8],
 }
+
+/// Dead letters, each with its weight.
+type Dead<K, V> = VecDeque<(DeadLetter<K, V>, usize)>;
 
 /// A delivery in flight.
 struct Flight<R> {
@@ -183,9 +186,7 @@ impl<F: Flavor, K, V> Acked<F, K, V> {
 
     /// Empties the dead letters, for when no receiver is left: returns them, to be dropped
     /// after the lock, with their count and weight.
-    pub(super) fn drop_dead_letters(
-        &mut self,
-    ) -> (VecDeque<(DeadLetter<K, V>, usize)>, usize, usize) {
+    pub(super) fn drop_dead_letters(&mut self) -> (Dead<K, V>, usize, usize) {
         let (values, weight) = (self.dead_values, self.dead_weight);
         (self.dead_values, self.dead_weight) = (0, 0);
         (std::mem::take(&mut self.dead), values, weight)
