@@ -97,3 +97,30 @@ async fn ordered_futures_are_send() {
     let batch = tokio::spawn(async move { rx.recv().await.map(|batch| batch.len()) });
     assert_eq!(batch.await.unwrap(), Some(1));
 }
+
+/// The acknowledging handles: receivers and dead-letter streams are `Send + Sync + Clone`
+/// `Unpin` streams, and a `Delivery` is `Send`, so it can be decided from another task or
+/// thread (and `Sync` when its key and values are, since it lends them out); its decision
+/// futures are `Send`.
+#[test]
+fn acked_handles() {
+    use keyed_batch::ack::{DeadLetters, Decided, Delivery};
+
+    is_send::<timed::AckReceiver<Key, Value>>();
+    is_sync::<timed::AckReceiver<Key, Value>>();
+    is_clone::<timed::AckReceiver<Key, Value>>();
+    is_stream::<timed::AckReceiver<Key, Value>>();
+    is_send::<ordered::AckReceiver<Sort, Key, Value>>();
+    is_sync::<ordered::AckReceiver<Sort, Key, Value>>();
+    is_stream::<ordered::AckReceiver<Sort, Key, Value>>();
+    is_send::<Delivery<Key, Value>>();
+    is_sync::<Delivery<u8, u8>>();
+    is_send::<Decided<(Key, Vec<Value>)>>();
+    is_unpin::<Decided<()>>();
+    is_send::<DeadLetters<Key, Value>>();
+    is_clone::<DeadLetters<Key, Value>>();
+    is_stream::<DeadLetters<Key, Value>>();
+
+    let (_tx, mut rx) = timed::Builder::new(Duration::ZERO).acked::<Key, Value>();
+    drop(is_send_future(rx.recv()));
+}

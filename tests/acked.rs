@@ -1,0 +1,499 @@
+//! Acknowledged deliveries (`acked()`): the rules in `timed::AckReceiver`'s docs, each with
+//! paused time, and the promises of `Delivery`: decisions, drops, attempts, dead letters,
+//! cancel safety, and deliveries sent to other tasks and threads.
+
+mod common;
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use keyed_batch::ack::Delivery;
+use keyed_batch::error::{TryRecvError, TrySendError};
+use keyed_batch::{ordered, timed};
+use tokio::time::{advance, Instant};
+use tokio_test::task;
+use tokio_test::{assert_pending, assert_ready};
+
+use common::time::{ms, secs};
+
+const WINDOW: Duration = secs(1);
+
+/// Keys and values of a batch of deliveries.
+fn contents<K: Clone, V: Clone>(batch: &[Delivery<K, V>]) -> Vec<(K, Vec<V>)> {
+    batch
+        .iter()
+        .map(|d| (d.key().clone(), d.values().to_vec()))
+        .collect()
+}
+
+/// Acknowledges every delivery of a batch.
+async fn ack_all<K: Send + 'static, V: Send + 'static>(batch: Vec<Delivery<K, V>>) {
+    for delivery in batch {
+        delivery.ack().await.unwrap();
+    }
+}
+
+// ===== rule 1: one delivery per key in flight =====
+
+/// Rule 1: while a key has an undecided delivery, its newer values wait and no receiver,
+/// not even a clone, gets them; once it is acknowledged, they go out.
+#[tokio::test(start_paused = true)]
+async fn one_delivery_per_key_in_flight() {
+    let (tx, mut rx) = timed::Builder::new(WINDOW).acked();
+    let mut clone = rx.clone();
+    tx.send("a", 1).await.unwrap();
+    tx.send("b", 2).await.unwrap();
+    let first = rx.recv().await.unwrap();
+    assert_eq!(contents(&first), vec![("a", vec![1]), ("b", vec![2])]);
+    tx.send("a", 3).await.unwrap();
+    tx.send("c", 4).await.unwrap();
+    advance(WINDOW * 5).await;
+    // "c" goes; "a" waits for its delivery in flight.
+    let second = clone.try_recv().unwrap();
+    assert_eq!(contents(&second), vec![("c", vec![4])]);
+    assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Empty);
+    assert_eq!((rx.len(), rx.key_count()), (1, 1));
+    let mut first = first.into_iter();
+    first.next().unwrap().ack().await.unwrap(); // "a"
+    let third = clone.try_recv().unwrap();
+    assert_eq!(contents(&third), vec![("a", vec![3])]);
+    assert_eq!(third[0].attempt(), 1);
+    ack_all(first.collect()).await;
+    ack_all(second).await;
+    ack_all(third).await;
+    assert_eq!(rx.stats().acked, 4);
+}
+
+/// Rule 1 in `ordered`: a key in flight is skipped; keys behind it still go out.
+#[tokio::test]
+async fn one_delivery_per_key_in_flight_ordered() {
+    let (tx, mut rx) = ordered::Builder::new().acked();
+    tx.try_send(1, "a", 'x').unwrap();
+    let a = rx.try_recv().unwrap();
+    tx.try_send(0, "a", 'y').unwrap(); // ranks first, but "a" is in flight
+    tx.try_send(5, "b", 'z').unwrap();
+    let b = rx.try_recv().unwrap();
+    assert_eq!(contents(&b), vec![("b", vec!['z'])]);
+    ack_all(a).await;
+    assert_eq!(contents(&rx.try_recv().unwrap()), vec![("a", vec!['y'])]);
+    ack_all(b).await;
+}
+
+// ===== rule 2: a retry joins the new values =====
+
+/// Rule 2: values sent while a key is held by `retry_after` join it; when the delay ends,
+/// all of them go out in one delivery, the failed values first, with the next attempt.
+#[tokio::test(start_paused = true)]
+async fn retry_after_joins_new_values() {
+    let (tx, mut rx) = timed::Builder::new(WINDOW).acked();
+    tx.send("k", 1).await.unwrap();
+    let delivery = rx.recv().await.unwrap().remove(0);
+    let failed_at = Instant::now();
+    delivery.retry_after(secs(5)).await.unwrap();
+    tx.send("k", 2).await.unwrap();
+    advance(secs(2)).await;
+    tx.send("k", 3).await.unwrap(); // its own deadline, 1 s on, is before the delay's end
+    advance(secs(2)).await;
+    assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Empty);
+    assert_eq!(rx.next_deadline(), Some(failed_at + secs(5)));
+    let batch = rx.recv().await.unwrap();
+    assert_eq!(Instant::now(), failed_at + secs(5));
+    assert_eq!(contents(&batch), vec![("k", vec![1, 2, 3])]);
+    assert_eq!(batch[0].attempt(), 2);
+    ack_all(batch).await;
+}
+
+/// Rule 2: the retried key still respects `max_batch`; the rest stays held, and a value
+/// that came back never has attempt 1 again, even in the part split off.
+#[tokio::test(start_paused = true)]
+async fn retried_key_is_split_by_max_batch() {
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO).max_batch(2).acked();
+    for v in 1..=2 {
+        tx.send("k", v).await.unwrap();
+    }
+    let first = rx.recv().await.unwrap().remove(0);
+    assert_eq!((first.values(), first.attempt()), (&[1, 2][..], 1));
+    tx.send("k", 3).await.unwrap();
+    first.retry().await.unwrap();
+    let again = rx.recv().await.unwrap().remove(0);
+    assert_eq!((again.values(), again.attempt()), (&[1, 2][..], 2));
+    again.retry().await.unwrap();
+    // Split: [1, 2] came back twice, 3 never went out.
+    let part = rx.try_recv().unwrap().remove(0);
+    assert_eq!((part.values(), part.attempt()), (&[1, 2][..], 3));
+    assert_eq!(
+        rx.try_recv().unwrap_err(),
+        TryRecvError::Empty,
+        "the rest is held"
+    );
+    part.ack().await.unwrap();
+    let rest = rx.try_recv().unwrap().remove(0);
+    assert_eq!((rest.values(), rest.attempt()), (&[3][..], 1));
+    // A split of values that came back: the part behind never reads attempt 1.
+    rest.retry().await.unwrap();
+    for v in 4..=5 {
+        tx.send("k", v).await.unwrap();
+    }
+    let front = rx.try_recv().unwrap().remove(0);
+    assert_eq!((front.values(), front.attempt()), (&[3, 4][..], 2));
+    front.retry().await.unwrap();
+    let front = rx.try_recv().unwrap().remove(0);
+    assert_eq!((front.values(), front.attempt()), (&[3, 4][..], 3));
+    front.ack().await.unwrap();
+    let back = rx.try_recv().unwrap().remove(0);
+    assert_eq!((back.values(), back.attempt()), (&[5][..], 1));
+    back.ack().await.unwrap();
+}
+
+/// `retry` in `ordered` ranks the key by the smaller of its sort key and its newer values'.
+#[tokio::test]
+async fn retry_keeps_the_sort_key_ordered() {
+    let (tx, mut rx) = ordered::Builder::new().max_batch(1).acked();
+    tx.try_send(1, "urgent", 1).unwrap();
+    let delivery = rx.try_recv().unwrap().remove(0);
+    tx.try_send(5, "later", 2).unwrap();
+    tx.try_send(9, "urgent", 3).unwrap();
+    delivery.retry().await.unwrap();
+    let batch = rx.try_recv().unwrap();
+    assert_eq!(contents(&batch), vec![("urgent", vec![1])]);
+    ack_all(batch).await;
+}
+
+// ===== rule 3: capacity until the decision =====
+
+/// Rule 3: values in flight count toward `capacity` until acknowledged: room returns on the
+/// decision, not when the batch is taken; a waiting send is woken then.
+#[tokio::test(start_paused = true)]
+async fn capacity_returns_on_ack() {
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO).capacity(2).acked();
+    tx.send("a", 1).await.unwrap();
+    tx.send("b", 2).await.unwrap();
+    let batch = rx.recv().await.unwrap();
+    assert_eq!(tx.try_send("c", 3), Err(TrySendError::Full(("c", 3))));
+    let mut send = task::spawn(tx.send("c", 3));
+    assert_pending!(send.poll());
+    let mut batch = batch.into_iter();
+    batch.next().unwrap().give_up().await.unwrap();
+    assert!(send.is_woken());
+    assert!(assert_ready!(send.poll()).is_ok());
+    assert_eq!(tx.try_send("d", 4), Err(TrySendError::Full(("d", 4))));
+    batch.next().unwrap().ack().await.unwrap();
+    tx.try_send("d", 4).unwrap();
+}
+
+/// Rule 3: in-flight weight counts toward `max_weight`, and a key in flight toward
+/// `max_keys`, even with no newer values.
+#[tokio::test(start_paused = true)]
+async fn weight_and_keys_until_ack() {
+    let (tx, mut rx) = ordered::Builder::new()
+        .weigher(|v: &usize| *v)
+        .max_weight(10)
+        .max_keys(1)
+        .acked();
+    tx.try_send(0, "a", 8).unwrap();
+    let a = rx.try_recv().unwrap();
+    assert!(tx.try_send(0, "a", 3).unwrap_err().is_full(), "8 + 3 > 10");
+    assert!(
+        tx.try_send(0, "b", 1).unwrap_err().is_full(),
+        "\"a\" holds the key slot"
+    );
+    tx.try_send(0, "a", 2).unwrap();
+    ack_all(a).await;
+    assert!(
+        tx.try_send(0, "b", 1).unwrap_err().is_full(),
+        "\"a\" is pending"
+    );
+    let a = rx.try_recv().unwrap();
+    assert_eq!(contents(&a), vec![("a", vec![2])]);
+    ack_all(a).await;
+    tx.try_send(0, "b", 9).unwrap();
+}
+
+/// Rule 3: dead letters not yet taken count toward `capacity`: an ignored dead-letter stream
+/// shows up as backpressure; taking them gives the room back.
+#[tokio::test(start_paused = true)]
+async fn untaken_dead_letters_hold_capacity() {
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO)
+        .capacity(2)
+        .max_attempts(1)
+        .acked();
+    let mut dead = rx.dead_letters();
+    tx.send("a", 1).await.unwrap();
+    tx.send("b", 2).await.unwrap();
+    for delivery in rx.recv().await.unwrap() {
+        delivery.retry().await.unwrap();
+    }
+    assert_eq!(rx.stats().dead_letters, 2);
+    let mut send = task::spawn(tx.send("c", 3));
+    assert_pending!(send.poll());
+    let letter = dead.recv().await.unwrap();
+    assert_eq!(
+        (letter.key, letter.values, letter.attempts),
+        ("a", vec![1], 1)
+    );
+    assert!(send.is_woken());
+    assert!(assert_ready!(send.poll()).is_ok());
+    let stats = rx.stats();
+    assert_eq!((stats.dead_lettered, stats.dead_letters), (2, 1));
+}
+
+// ===== rule 4: closing =====
+
+/// Rule 4: closing makes everything due at once, held retries included, and the stream ends
+/// only once nothing is pending and every delivery is decided; a retry after the close still
+/// goes out.
+#[tokio::test(start_paused = true)]
+async fn close_waits_for_every_decision() {
+    let (tx, mut rx) = timed::Builder::new(secs(60)).acked();
+    tx.send("a", 1).await.unwrap();
+    tx.send("b", 2).await.unwrap();
+    tx.flush_all();
+    let mut batch = rx.recv().await.unwrap().into_iter();
+    let a = batch.next().unwrap();
+    let b = batch.next().unwrap();
+    a.retry_after(secs(3600)).await.unwrap();
+    drop(tx);
+    let start = Instant::now();
+    // "a" is due at once despite its hour-long delay; "b" is still in flight.
+    let again = rx.recv().await.unwrap();
+    assert_eq!(Instant::now(), start);
+    assert_eq!(contents(&again), vec![("a", vec![1])]);
+    again.into_iter().next().unwrap().ack().await.unwrap();
+    let mut end = task::spawn(rx.recv());
+    assert_pending!(end.poll(), "b is undecided");
+    b.retry().await.unwrap();
+    assert!(end.is_woken());
+    let last = assert_ready!(end.poll()).unwrap();
+    assert_eq!(contents(&last), vec![("b", vec![2])]);
+    drop(end);
+    ack_all(last).await;
+    assert!(rx.recv().await.is_none());
+    assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Disconnected);
+}
+
+// ===== rule 5: every receiver dropped =====
+
+/// Rule 5: with every receiver gone, pending values and dead letters are dropped; deliveries
+/// still undecided can be acknowledged, and a retry or a drop loses its values; `lost` counts
+/// them all.
+#[tokio::test(start_paused = true)]
+async fn decisions_after_every_receiver_is_gone() {
+    let (tx, mut rx) = ordered::Builder::new().max_attempts(1).acked();
+    tx.try_send(0, "a", 1).unwrap();
+    tx.try_send(0, "b", 2).unwrap();
+    tx.try_send(0, "c", 3).unwrap();
+    tx.try_send(0, "d", 4).unwrap();
+    let dead = rx.dead_letters();
+    let mut batch = rx.try_recv().unwrap().into_iter();
+    let a = batch.next().unwrap();
+    let b = batch.next().unwrap();
+    let c = batch.next().unwrap();
+    let d = batch.next().unwrap();
+    d.retry().await.unwrap(); // dead-lettered, not taken
+    tx.try_send(1, "e", 5).unwrap(); // pending
+    drop(rx);
+    assert!(tx.is_closed());
+    a.ack().await.unwrap();
+    b.retry().await.unwrap();
+    drop(c);
+    let stats = tx.stats();
+    assert_eq!((stats.acked, stats.lost, stats.receivers), (1, 4, 0));
+    assert_eq!(stats.in_flight_keys, 0);
+    let mut dead = dead;
+    assert_eq!(dead.recv().await, None);
+}
+
+// ===== decisions =====
+
+/// A delivery dropped undecided is retried at once, with the next attempt: it covers a
+/// consumer task that panics or is cancelled in the middle of its work.
+#[tokio::test(start_paused = true)]
+async fn dropped_delivery_is_retried() {
+    let (tx, mut rx) = timed::Builder::new(WINDOW).acked();
+    tx.send("k", 1).await.unwrap();
+    let batch = rx.recv().await.unwrap();
+    let at = Instant::now();
+    drop(batch);
+    let again = rx.recv().await.unwrap();
+    assert_eq!(Instant::now(), at, "due at once");
+    assert_eq!(contents(&again), vec![("k", vec![1])]);
+    assert_eq!(again[0].attempt(), 2);
+    assert_eq!(rx.stats().retried, 1);
+    ack_all(again).await;
+}
+
+/// A consumer that panics with a delivery in hand: another receiver gets it again, with
+/// attempt 2.
+#[tokio::test(start_paused = true)]
+async fn panicking_consumer_hands_the_batch_to_another() {
+    let (tx, rx) = timed::Builder::new(WINDOW).acked::<&str, u32>();
+    let mut other = rx.clone();
+    let mut panicky = rx;
+    let crashed = tokio::spawn(async move {
+        let batch = panicky.recv().await.unwrap();
+        assert_eq!(batch[0].attempt(), 1);
+        panic!("the push crashed with {} deliveries in hand", batch.len());
+    });
+    tx.send("k", 1).await.unwrap();
+    assert!(crashed.await.unwrap_err().is_panic());
+    let batch = other.recv().await.unwrap();
+    assert_eq!(contents(&batch), vec![("k", vec![1])]);
+    assert_eq!(batch[0].attempt(), 2);
+    ack_all(batch).await;
+}
+
+/// `give_up` hands the key and values back and they leave the channel.
+#[tokio::test(start_paused = true)]
+async fn give_up_hands_the_values_back() {
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO).acked();
+    tx.send("k", 1).await.unwrap();
+    tx.send("k", 2).await.unwrap();
+    let delivery = rx.recv().await.unwrap().remove(0);
+    tx.send("k", 3).await.unwrap();
+    assert_eq!(delivery.give_up().await.unwrap(), ("k", vec![1, 2]));
+    let next = rx.recv().await.unwrap();
+    assert_eq!(contents(&next), vec![("k", vec![3])]);
+    ack_all(next).await;
+    let stats = rx.stats();
+    assert_eq!(
+        (stats.given_up, stats.acked, stats.in_flight_keys),
+        (2, 1, 0)
+    );
+}
+
+/// `max_attempts(n)`: the retry after the n-th attempt sends the values to the dead
+/// letters, with the attempt count; nothing is dropped silently.
+#[tokio::test(start_paused = true)]
+async fn retries_beyond_max_attempts_are_dead_letters() {
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO).max_attempts(3).acked();
+    let mut dead = rx.dead_letters();
+    tx.send("k", 1).await.unwrap();
+    for attempt in 1..=3 {
+        let delivery = rx.recv().await.unwrap().remove(0);
+        assert_eq!(delivery.attempt(), attempt);
+        delivery.retry_after(ms(10)).await.unwrap();
+    }
+    let letter = dead.recv().await.unwrap();
+    assert_eq!(
+        (letter.key, letter.values, letter.attempts),
+        ("k", vec![1], 3)
+    );
+    assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Empty);
+    let stats = rx.stats();
+    assert_eq!((stats.retried, stats.dead_lettered), (2, 1));
+    assert_eq!(&stats.attempts[..3], &[1, 1, 1]);
+    drop(tx);
+    assert!(rx.recv().await.is_none());
+    assert_eq!(dead.recv().await, None, "nothing more can die");
+}
+
+/// `entered` is when the oldest value entered, also after a retry.
+#[tokio::test(start_paused = true)]
+async fn entered_is_the_oldest_values_arrival() {
+    let (tx, mut rx) = timed::Builder::new(WINDOW).acked();
+    let start = Instant::now();
+    tx.send("k", 1).await.unwrap();
+    advance(ms(300)).await;
+    tx.send("k", 2).await.unwrap();
+    let delivery = rx.recv().await.unwrap().remove(0);
+    assert_eq!(delivery.entered(), start);
+    delivery.retry_after(secs(2)).await.unwrap();
+    let again = rx.recv().await.unwrap().remove(0);
+    assert_eq!(again.entered(), start);
+    again.ack().await.unwrap();
+}
+
+// ===== cancel safety, tasks and threads =====
+
+/// `recv` is cancel safe: a cancelled `recv` takes nothing and leaves no key in flight.
+#[tokio::test(start_paused = true)]
+async fn cancelled_recv_leaves_no_key_in_flight() {
+    let (tx, mut rx) = timed::Builder::new(WINDOW).acked();
+    tx.send("k", 1).await.unwrap();
+    let cancelled = tokio::time::timeout(ms(500), rx.recv()).await;
+    assert!(cancelled.is_err());
+    assert_eq!(rx.stats().in_flight_keys, 0);
+    let batch = rx.recv().await.unwrap();
+    assert_eq!(contents(&batch), vec![("k", vec![1])]);
+    assert_eq!(batch[0].attempt(), 1);
+    ack_all(batch).await;
+}
+
+/// A delivery can be sent to another task and decided there, and decided from a blocking
+/// thread, where the in-memory decision's future is ready at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decided_from_other_tasks_and_threads() {
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO).acked::<u32, u32>();
+    for key in 0..4 {
+        tx.send(key, key).await.unwrap();
+    }
+    drop(tx);
+    let mut decided = Vec::new();
+    while let Some(batch) = rx.recv().await {
+        for delivery in batch {
+            let key = *delivery.key();
+            decided.push(if key % 2 == 0 {
+                tokio::spawn(async move { delivery.ack().await })
+                    .await
+                    .unwrap()
+            } else {
+                tokio::task::spawn_blocking(move || futures::executor::block_on(delivery.ack()))
+                    .await
+                    .unwrap()
+            });
+        }
+    }
+    assert_eq!(decided.len(), 4);
+    assert!(decided.iter().all(Result::is_ok));
+    assert_eq!(rx.stats().acked, 4);
+}
+
+/// A delivery dropped with the runtime its consumer ran on is retried; another runtime's
+/// receiver gets it.
+#[test]
+fn delivery_dropped_with_its_runtime_is_retried() {
+    let first = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO).acked::<&str, u32>();
+    tx.try_send("k", 1).unwrap();
+    let mut held = rx.clone();
+    first.block_on(async {
+        let batch = held.recv().await.unwrap();
+        // Left in a task the runtime never finishes.
+        tokio::spawn(async move {
+            let _batch = batch;
+            std::future::pending::<()>().await;
+        });
+        tokio::task::yield_now().await;
+    });
+    drop(first);
+    let again = rx.try_recv().unwrap();
+    assert_eq!(again[0].attempt(), 2);
+    assert_eq!(contents(&again), vec![("k", vec![1])]);
+}
+
+/// The stream of deliveries composes with `StreamExt` and ends after the last decision.
+#[tokio::test(start_paused = true)]
+async fn deliveries_as_a_stream() {
+    let (tx, rx) = timed::Builder::new(WINDOW).acked::<u32, u32>();
+    for i in 0..10 {
+        tx.send(i % 3, i).await.unwrap();
+    }
+    drop(tx);
+    let acked: Vec<u32> = rx
+        .then(|batch| async move {
+            let mut values = Vec::new();
+            for delivery in batch {
+                values.extend_from_slice(delivery.values());
+                delivery.ack().await.unwrap();
+            }
+            values
+        })
+        .concat()
+        .await;
+    let mut acked = acked;
+    acked.sort_unstable();
+    assert_eq!(acked, (0..10).collect::<Vec<_>>());
+}
