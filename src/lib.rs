@@ -135,6 +135,47 @@
 //! front of the key's newer values; in `timed` the key is due at once, in `ordered` it ranks
 //! by the smaller of its sort key and the one given.
 //!
+//! # Acknowledged deliveries
+//!
+//! A plain receiver hands a batch over for good. An *acknowledging* receiver, made with the
+//! builder's `acked()`, hands out each key of a batch as an [`ack::Delivery`] to decide:
+//! [`ack`](ack::Delivery::ack) when the values were pushed,
+//! [`retry_after`](ack::Delivery::retry_after) when the push failed (the values go back in
+//! front of the key's newer values, and the key waits out the delay),
+//! [`give_up`](ack::Delivery::give_up) to take them out. A delivery dropped undecided is
+//! retried at once. While a key has a delivery in flight its newer values wait, so each
+//! customer gets at most one request at a time, in order, across retries. Values in flight
+//! count toward the limits until decided, and a retry past `max_attempts` goes to the
+//! [`dead letters`](ack::DeadLetters). [`timed::AckReceiver`] lists the rules.
+//!
+//! ```
+//! use std::time::Duration;
+//! use keyed_batch::timed;
+//!
+//! # async fn post(_customer: &str, _events: &[u32]) -> Result<(), ()> { Ok(()) }
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let (tx, mut rx) = timed::Builder::new(Duration::from_secs(1))
+//!     .max_attempts(5)
+//!     .acked();
+//! tx.send("customer-1", 1).await.unwrap();
+//! drop(tx);
+//!
+//! while let Some(batch) = rx.recv().await {
+//!     for delivery in batch {
+//!         match post(delivery.key(), delivery.values()).await {
+//!             Ok(()) => delivery.ack().await.unwrap(),
+//!             Err(()) => {
+//!                 let backoff = Duration::from_millis(100) * 2u32.pow(delivery.attempt());
+//!                 delivery.retry_after(backoff).await.unwrap();
+//!             }
+//!         }
+//!     }
+//! }
+//! assert_eq!(rx.stats().acked, 1);
+//! # }
+//! ```
+//!
 //! # Disconnection
 //!
 //! The channel closes when every sender is dropped (or closed as a `Sink`, with
@@ -157,8 +198,10 @@
 //! such a panic, and panics only if it took none.
 //!
 //! User code that runs under the lock is exactly this: `Eq` of keys (when a value goes in,
-//! or a key is flushed), `Clone` of a key that a batch splits, and in `ordered`, `Ord` and
-//! `Clone` of sort keys. `Hash` and the weigher run before the lock is taken. Keys, values
+//! or a key is flushed), `Clone` of a key that a batch splits (in an acknowledging channel,
+//! of every key delivered, since its slot stays), and in `ordered`, `Ord` and `Clone` of
+//! sort keys. In an acknowledging channel, a key whose `Clone` panicked cannot be held: it
+//! goes out whole, and its newer values are not held back while it is in flight. `Hash` and the weigher run before the lock is taken. Keys, values
 //! and sort keys are dropped, and wakers woken, after it is released, so a `Drop` or a waker
 //! may use the channel.
 

@@ -45,7 +45,8 @@ pub struct Stats {
     pub oldest_pending: Option<Duration>,
     /// Values accepted by `send`, `try_send` and their kin. Requeues are not counted here.
     pub sent: u64,
-    /// Values handed out in batches (including `drain_now`), requeued ones again each time.
+    /// Values handed out in batches (including `drain_now`), requeued or retried ones again
+    /// each time.
     pub delivered: u64,
     /// Batches handed out.
     pub batches: u64,
