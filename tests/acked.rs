@@ -497,3 +497,20 @@ async fn deliveries_as_a_stream() {
     acked.sort_unstable();
     assert_eq!(acked, (0..10).collect::<Vec<_>>());
 }
+
+/// A dead-letter stream waiting when the last receiver goes ends then, even if the channel
+/// was closed before.
+#[tokio::test(start_paused = true)]
+async fn dead_letter_stream_ends_with_the_last_receiver() {
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO).acked::<&str, u32>();
+    let mut dead = rx.dead_letters();
+    tx.send("k", 1).await.unwrap();
+    drop(tx);
+    let batch = rx.recv().await.unwrap(); // in flight: the dead letters may still come
+    let mut waiting = task::spawn(dead.recv());
+    assert_pending!(waiting.poll());
+    drop(rx);
+    assert!(waiting.is_woken());
+    assert_eq!(assert_ready!(waiting.poll()), None);
+    drop(batch);
+}

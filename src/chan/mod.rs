@@ -1350,6 +1350,11 @@ impl<F: Flavor, K, V> Drop for Rx<F, K, V> {
             state.held_weight -= weight;
             state.counts.lost += *values as u64;
         }
+        // The dead-letter streams end now, even if the channel was closed before.
+        let state = guard.state.as_ref().expect("the guard holds the lock");
+        if let Some(acked) = &state.acked {
+            acked.wake_dead(&mut guard.wakes);
+        }
         drop(guard);
         drop(pending);
         drop(dead);
