@@ -1,5 +1,6 @@
 //! End to end: the `webhook` example, run short (2 s at 2,000 events/s, 100 customers, a
-//! 500 ms window, 10% of requests failing).
+//! 500 ms window, 10% of requests failing, and in one run 10 customers down for the first
+//! second).
 //!
 //! The example's source is compiled into this test with `#[path]`, and the tests call its
 //! `run` function with parsed command-line options. That runs exactly the code that
@@ -8,7 +9,7 @@
 //!
 //! Unlike the rest of the suite, these tests use real time and real sockets: the point is a
 //! real HTTP exchange, and paused time does not drive socket I/O. Each test runs one mode for
-//! 2 s, so the file takes about 3 s.
+//! 2 s, side by side, so the file takes about 3 s (5 s where the tests run two at a time).
 
 // The example's `mod server;` and its other `mod` lines resolve beside `main.rs`, in
 // `examples/webhook/`: a file loaded through `#[path]` owns its directory, as a `mod.rs` does.
@@ -25,13 +26,14 @@ const WINDOW_MS: f64 = 500.0;
 const BACKOFF_MS: f64 = 50.0;
 
 /// Time a delivery may take beyond the window and the retry delays: waking the consumer,
-/// the POST over loopback, and for a retry the `requeue` and another `recv`, in a debug build
-/// on a busy machine. It is kept below the window, so a key that waited a second window (a
-/// requeue that is not due at once, say) still fails the test.
+/// the POST over loopback, and for a retry the release of the held key and another `recv`,
+/// in a debug build on a busy machine. It is kept below the window, so a key that waited a
+/// second window (a retry that is not due when its delay ends, say) still fails the test.
 const SLACK_MS: f64 = 200.0;
 
-fn run_args(mode: &str) -> Options {
-    let args = [
+/// The options of a short run of `mode`, with `extra` arguments after the common ones.
+fn run_args(mode: &str, extra: &[&str]) -> Options {
+    let common = [
         "--mode",
         mode,
         "--seconds",
@@ -47,6 +49,7 @@ fn run_args(mode: &str) -> Options {
         "--backoff",
         "50ms",
     ];
+    let args: Vec<&str> = common.iter().chain(extra).copied().collect();
     parse(&args).expect("valid options").expect("not --help")
 }
 
@@ -59,8 +62,8 @@ fn parse(args: &[&str]) -> Result<Option<Options>, clap::Error> {
     }
 }
 
-async fn run(mode: &str) -> Report {
-    let mut reports = webhook::run(&run_args(mode)).await;
+async fn run(mode: &str, extra: &[&str]) -> Report {
+    let mut reports = webhook::run(&run_args(mode, extra)).await;
     assert_eq!(reports.len(), 1, "one mode, one report");
     let report = reports.remove(0);
     assert_eq!(report.mode, mode);
@@ -69,6 +72,22 @@ async fn run(mode: &str) -> Report {
     // The failure path ran: 10% of some hundreds of requests failed.
     assert!(report.failed_requests > 0, "{report:#?}");
     report
+}
+
+/// Every event got in exactly once, and none was given up (there is no `--max-attempts`).
+fn assert_exactly_once(report: &Report) {
+    assert_eq!(
+        report.events_received, report.events_produced,
+        "{report:#?}"
+    );
+    assert_eq!(report.duplicate_events, 0, "{report:#?}");
+    assert_eq!(report.dead_letters, 0, "{report:#?}");
+}
+
+/// Each customer got its events in order, and never two requests at once.
+fn assert_in_order_one_at_a_time(report: &Report) {
+    assert_eq!(report.out_of_order_events, 0, "{report:#?}");
+    assert_eq!(report.overlapping_requests, 0, "{report:#?}");
 }
 
 /// The total of the retry delays an event waits after `failures` failed POSTs: 50 ms,
@@ -84,13 +103,10 @@ fn backoff_ms(failures: u32) -> f64 {
 /// per window plus one per failed request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batched() {
-    let report = run("batched").await;
+    let report = run("batched", &[]).await;
 
-    assert_eq!(
-        report.events_received, report.events_produced,
-        "{report:#?}"
-    );
-    assert_eq!(report.duplicate_events, 0, "{report:#?}");
+    assert_exactly_once(&report);
+    assert_in_order_one_at_a_time(&report);
 
     let bound = WINDOW_MS + backoff_ms(report.max_event_failures) + SLACK_MS;
     assert!(
@@ -103,7 +119,7 @@ async fn batched() {
     // nor the final close cut short lasts at least the window, and runs start only while the
     // producers run, so a customer has at most floor(S / window) + 1 of them (the + 1: runs
     // are not aligned with the start, and the close cuts the last one short). A failed
-    // request's events come back through `requeue`, which may make one more, short run.
+    // request's events are retried, which may make one more, short run.
     let runs = (report.produce_seconds * 1000.0 / WINDOW_MS).floor() as u64 + 1;
     let most = CUSTOMERS * runs + report.failed_requests;
     assert!(
@@ -113,22 +129,35 @@ async fn batched() {
     );
 }
 
+/// With 10 of the 100 customers down for the first second, and 10% of all requests failing
+/// besides, batched mode still delivers every event exactly once, each customer's in order,
+/// with at most one request in flight per customer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_down_customers() {
+    let report = run("batched", &["--down-customers", "10"]).await;
+
+    assert_exactly_once(&report);
+    assert_in_order_one_at_a_time(&report);
+    // The down period was felt: a down customer's first delivery (about 500 ms in) failed,
+    // and so did its retries 50 and 150 ms later, all before the customer was up at 1 s.
+    assert!(report.max_event_failures >= 3, "{report:#?}");
+}
+
 /// Direct mode makes one request per event, plus one per failed request (its retry), and
-/// delivers every event exactly once.
+/// delivers every event exactly once. It does not keep a customer's events in order: a
+/// failed event's retry comes after newer events that got in, which is what the server's
+/// order check sees.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn direct() {
-    let report = run("direct").await;
+    let report = run("direct", &[]).await;
 
-    assert_eq!(
-        report.events_received, report.events_produced,
-        "{report:#?}"
-    );
-    assert_eq!(report.duplicate_events, 0, "{report:#?}");
+    assert_exactly_once(&report);
     assert_eq!(
         report.http_requests,
         report.events_produced + report.failed_requests,
         "{report:#?}"
     );
+    assert!(report.out_of_order_events > 0, "{report:#?}");
 }
 
 /// The command line takes both `--name value` and `--name=value`, and refuses what it
@@ -142,6 +171,12 @@ fn options() {
     assert_eq!(options.seconds, std::time::Duration::from_millis(1500));
     assert_eq!(options.max_batch, Some(7));
     assert_eq!(options.capacity, None);
+    assert_eq!((options.max_attempts, options.down_customers), (0, 0));
+
+    let options = parse(&["--max-attempts", "3", "--down-customers=5"])
+        .unwrap()
+        .unwrap();
+    assert_eq!((options.max_attempts, options.down_customers), (3, 5));
 
     assert!(parse(&["--help"]).unwrap().is_none());
     assert!(

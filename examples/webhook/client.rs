@@ -1,8 +1,9 @@
 //! The keep-alive HTTP client both modes POST with: at most `--in-flight` requests out at
-//! once, and the retry delays.
+//! once, the retry policy (delays and `--max-attempts`), and its tally of failures and of
+//! events given up.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::sync::Semaphore;
 
-use super::{Event, Options};
+use super::Options;
 
 /// A keep-alive HTTP client, shared by every task of a mode.
 ///
@@ -27,7 +28,9 @@ pub struct Client {
     base: Arc<str>,
     in_flight: Arc<Semaphore>,
     backoff: Duration,
+    max_attempts: u32,
     max_failures: Arc<AtomicU32>,
+    dead_letters: Arc<AtomicU64>,
 }
 
 impl Client {
@@ -41,7 +44,9 @@ impl Client {
             base: format!("http://{server}/customers").into(),
             in_flight: Arc::new(Semaphore::new(options.in_flight)),
             backoff: options.backoff,
+            max_attempts: options.max_attempts,
             max_failures: Arc::new(AtomicU32::new(0)),
+            dead_letters: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -69,14 +74,31 @@ impl Client {
         (self.backoff * (1 << doublings)).min(Duration::from_secs(2))
     }
 
-    /// Notes events that got in, for the most failures any event went through.
-    pub fn delivered(&self, events: &[Event]) {
-        let failures = events.iter().map(|event| event.failures).max().unwrap_or(0);
+    /// Whether an event is given up after `failures` failed POSTs: `--max-attempts` of
+    /// them, where it is not 0.
+    pub fn gives_up(&self, failures: u32) -> bool {
+        self.max_attempts != 0 && failures >= self.max_attempts
+    }
+
+    /// Notes events that got in after `failures` failed POSTs, for the most failures any
+    /// event went through.
+    pub fn delivered(&self, failures: u32) {
         self.max_failures.fetch_max(failures, Ordering::Relaxed);
+    }
+
+    /// Notes `events` given up after `--max-attempts` failed POSTs: dead letters.
+    pub fn dead(&self, events: usize) {
+        self.dead_letters
+            .fetch_add(events as u64, Ordering::Relaxed);
     }
 
     /// The most failed POSTs any one event went through before it got in.
     pub fn max_failures(&self) -> u32 {
         self.max_failures.load(Ordering::Relaxed)
+    }
+
+    /// The events given up so far.
+    pub fn dead_letters(&self) -> u64 {
+        self.dead_letters.load(Ordering::Relaxed)
     }
 }

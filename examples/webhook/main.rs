@@ -24,19 +24,26 @@
 //! the TCP connections it accepts and the bytes it reads and writes on them.
 //!
 //! The server deduplicates events by id, so "received" counts each event once, and it can fail
-//! a share of the requests with 503 (`--fail-rate 0.1`). Failed POSTs are retried with a
-//! backoff; in batched mode the retry goes back through the channel with `requeue`, so it
-//! picks up the customer's newer events on the way. Ctrl-C (or the end of `--seconds`) stops
-//! the producers, closes the channel, delivers everything still pending and prints the table;
-//! a second Ctrl-C quits at once.
+//! a share of the requests with 503 (`--fail-rate 0.1`), or every request to some customers
+//! for the first half of the run (`--down-customers 50`). It also checks that each customer
+//! gets its events in order and never two requests at once, and counts what breaks either.
+//!
+//! Failed POSTs are retried with a backoff, up to `--max-attempts` POSTs an event (no limit by
+//! default); an event given up is a dead letter. Batched mode uses the channel's acknowledged
+//! mode (`acked`): a consumer acks a customer's delivery once the POST got in, or retries it
+//! after the backoff. The retry goes back in front of the customer's newer events and picks
+//! them up on the way, and while a delivery is undecided the customer's newer events wait, so
+//! a customer has one request at a time, in order. Ctrl-C (or the end of `--seconds`) stops
+//! the producers, closes the channel, delivers everything still pending, retries included,
+//! and prints the table; a second Ctrl-C quits at once.
 //!
 //! Run with `--help` for the options. Linux only for the CPU column (it reads `/proc`).
 //!
-//! This file is the batching: the run of one mode, the two ways to deliver, the consumer with
-//! its retry, and the producers. Beside it: `client.rs` (the HTTP client), `server.rs` (the
-//! customers' endpoints and what they saw), `options.rs` (the command line), `report.rs`
-//! (the table, the JSON and the progress bar) and `support.rs` (the Ctrl-C flag, the clock,
-//! the seeded generator).
+//! This file is the batching: the run of one mode, the two ways to deliver, the consumer that
+//! acks or retries, and the producers. Beside it: `client.rs` (the HTTP client and the retry
+//! policy), `server.rs` (the customers' endpoints, what they saw and its checks),
+//! `options.rs` (the command line), `report.rs` (the table, the JSON and the progress bar)
+//! and `support.rs` (the Ctrl-C flag, the clock, the seeded generator).
 
 mod client;
 mod options;
@@ -50,7 +57,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use clap::Parser as _;
 use futures::future::join_all;
-use keyed_batch::error::SendError;
+use keyed_batch::ack::{DeadLetters, Delivery};
 use keyed_batch::timed;
 use serde::Serialize;
 use tokio::task::{JoinHandle, JoinSet};
@@ -113,6 +120,7 @@ async fn run_mode(mode: Mode, options: &Options, stop: &Stop) -> Report {
     let cpu_seconds = cpu.seconds();
     progress.finish();
     let max_event_failures = client.max_failures();
+    let dead_letters = client.dead_letters();
     drop(client); // closes the pooled keep-alive connections, so the server can stop
     let seen = server.stop().await;
 
@@ -137,12 +145,16 @@ async fn run_mode(mode: Mode, options: &Options, stop: &Stop) -> Report {
         produce_seconds: produced.seconds,
         run_seconds,
         max_event_failures,
+        dead_letters,
+        out_of_order_events: seen.out_of_order,
+        overlapping_requests: seen.overlapping,
     }
 }
 
 // ===== the two ways to deliver =====
 
-/// The old way: every event gets its own POST, retried until it gets in.
+/// The old way: every event gets its own POST, retried until it gets in or `--max-attempts`
+/// POSTs have failed.
 async fn run_direct(options: &Options, client: &Client, stop: &Stop) -> Produced {
     produce(options, stop, |_| Sink::Direct {
         client: client.clone(),
@@ -151,17 +163,22 @@ async fn run_direct(options: &Options, client: &Client, stop: &Stop) -> Produced
     .await
 }
 
-async fn deliver_one(client: Client, customer: u32, mut event: Event) {
+async fn deliver_one(client: Client, customer: u32, event: Event) {
     let body = body(std::slice::from_ref(&event));
+    let mut failures = 0;
     while !client.post(customer, body.clone()).await {
-        event.failures += 1;
-        sleep(client.retry_delay(event.failures)).await;
+        failures += 1;
+        if client.gives_up(failures) {
+            client.dead(1);
+            return;
+        }
+        sleep(client.retry_delay(failures)).await;
     }
-    client.delivered(&[event]);
+    client.delivered(failures);
 }
 
-/// The batched way: events go into a `timed` channel keyed by customer; consumers POST each
-/// customer's events together.
+/// The batched way: events go into an acknowledging `timed` channel keyed by customer;
+/// consumers POST each customer's events together, and ack or retry them.
 async fn run_batched(options: &Options, client: &Client, stop: &Stop) -> Produced {
     let mut builder = timed::Builder::new(options.window);
     if let Some(n) = options.max_batch {
@@ -170,75 +187,55 @@ async fn run_batched(options: &Options, client: &Client, stop: &Stop) -> Produce
     if let Some(n) = options.capacity {
         builder = builder.capacity(n);
     }
-    let (tx, rx) = builder.build::<u32, Event>();
+    if options.max_attempts > 0 {
+        builder = builder.max_attempts(options.max_attempts);
+    }
+    let (tx, rx) = builder.acked::<u32, Event>();
 
+    // Dead letters not yet taken count toward `--capacity`: take them as they come.
+    let dead = tokio::spawn(count_dead(rx.dead_letters(), client.clone()));
     let consumers: Vec<JoinHandle<()>> = (0..options.consumers)
         .map(|_| tokio::spawn(consume(rx.clone(), client.clone())))
         .collect();
     let produced = produce(options, stop, |_| Sink::Batched(tx.clone())).await;
 
-    // The producers are done. Closing the channel makes everything pending due at once; the
-    // consumers deliver it, wait for their retries, and return when the stream ends.
+    // The producers are done. Closing the channel makes everything pending due at once, the
+    // retries held for their backoff included. The stream ends once every delivery has been
+    // acked or dead-lettered, and so do the consumers.
     rx.close();
     for consumer in consumers {
         consumer.await.expect("consumer panicked");
     }
+    dead.await.expect("dead-letter counter panicked");
     produced
 }
 
 /// One consumer: takes batches and POSTs each customer's events in one request.
-async fn consume(mut rx: timed::Receiver<u32, Event>, client: Client) {
-    let mut retries = JoinSet::new();
+async fn consume(mut rx: timed::AckReceiver<u32, Event>, client: Client) {
     while let Some(batch) = rx.recv().await {
         // A batch holds every customer that is due; POST them side by side.
-        let posts = batch.into_iter().map(|(customer, events)| {
-            let client = &client;
-            async move {
-                let ok = client.post(customer, body(&events)).await;
-                (customer, events, ok)
-            }
-        });
-        for (customer, mut events, ok) in join_all(posts).await {
-            if ok {
-                client.delivered(&events);
-            } else {
-                for event in &mut events {
-                    event.failures += 1;
-                }
-                retries.spawn(retry(rx.clone(), client.clone(), customer, events));
-            }
-        }
-        while retries.try_join_next().is_some() {}
+        join_all(batch.into_iter().map(|delivery| deliver(&client, delivery))).await;
     }
-    // The stream has ended, but a retry may still be waiting out its backoff.
-    while retries.join_next().await.is_some() {}
 }
 
-/// Waits out the backoff, then puts a customer's failed events back into the channel: they
-/// go in front of the customer's newer events, and the customer is due at once.
-///
-/// Once the stream has ended (some consumer's `recv` returned `None`), `requeue` refuses, as
-/// nobody will receive again: then this task POSTs the events itself until they get in.
-async fn retry(
-    rx: timed::Receiver<u32, Event>,
-    client: Client,
-    customer: u32,
-    mut events: Vec<Event>,
-) {
-    loop {
-        let failures = events.iter().map(|event| event.failures).max().unwrap_or(1);
-        sleep(client.retry_delay(failures)).await;
-        match rx.requeue(customer, events) {
-            Ok(()) => return,
-            Err(SendError((_, back))) => events = back,
-        }
-        if client.post(customer, body(&events)).await {
-            client.delivered(&events);
-            return;
-        }
-        for event in &mut events {
-            event.failures += 1;
-        }
+/// POSTs one customer's events, then acks them, or retries them after the backoff: they go
+/// out again in front of whatever the customer got meanwhile. Beyond `--max-attempts` the
+/// retry makes them dead letters.
+async fn deliver(client: &Client, delivery: Delivery<u32, Event>) {
+    let attempt = delivery.attempt();
+    let decided = if client.post(*delivery.key(), body(delivery.values())).await {
+        client.delivered(attempt - 1);
+        delivery.ack()
+    } else {
+        delivery.retry_after(client.retry_delay(attempt))
+    };
+    decided.await.expect("an in-memory channel decides at once");
+}
+
+/// Counts the events given up after `--max-attempts` POSTs, until the channel is done.
+async fn count_dead(mut dead: DeadLetters<u32, Event>, client: Client) {
+    while let Some(letter) = dead.recv().await {
+        client.dead(letter.values.len());
     }
 }
 
@@ -247,13 +244,11 @@ async fn retry(
 /// An event as the producers make it.
 #[derive(Debug, Serialize)]
 struct Event {
+    /// `made * producers + producer`: the server reads each producer's order from it.
     id: u64,
     /// Microseconds since the program started ([`now_us`]).
     created_us: u64,
     kind: &'static str,
-    /// Failed POSTs so far: the client's own bookkeeping, not sent.
-    #[serde(skip)]
-    failures: u32,
 }
 
 /// Where a producer puts its events.
@@ -318,7 +313,6 @@ async fn produce(options: &Options, stop: &Stop, sink: impl Fn(u32) -> Sink) -> 
                         id: made * producers_count + u64::from(index),
                         created_us: now_us(),
                         kind: "order.updated",
-                        failures: 0,
                     };
                     sink.put(random.below(customers), event).await;
                     made += 1;

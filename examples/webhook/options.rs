@@ -57,6 +57,12 @@ pub struct Options {
     /// First retry delay; doubles, up to 2 s
     #[arg(long, value_name = "D", default_value = "100ms", value_parser = duration)]
     pub backoff: Duration,
+    /// POSTs of an event before it is given up as a dead letter; 0: no limit
+    #[arg(long, value_name = "N", default_value = "0")]
+    pub max_attempts: u32,
+    /// Customers 0 to N-1 answer 503 to every request for the first half of --seconds
+    #[arg(long, value_name = "N", default_value = "0")]
+    pub down_customers: u32,
     /// Seed for customers and failures
     #[arg(long, value_name = "N", default_value = "1")]
     pub seed: u64,

@@ -45,6 +45,15 @@ pub struct Report {
     pub run_seconds: f64,
     /// The most failed POSTs any one event went through before it got in.
     pub max_event_failures: u32,
+    /// Events given up after `--max-attempts` failed POSTs: in batched mode, the values
+    /// taken from the channel's dead letters.
+    pub dead_letters: u64,
+    /// Events the server received after a later event from the same producer for the same
+    /// customer (0 when each customer gets its events in order).
+    pub out_of_order_events: u64,
+    /// Requests that reached a customer while another request to it was in flight (0 when a
+    /// customer has at most one at a time).
+    pub overlapping_requests: u64,
 }
 
 // ===== measuring =====
@@ -171,7 +180,7 @@ pub fn table(options: &Options, reports: &[Report]) -> String {
     let _ = writeln!(
         out,
         "\n{} customers, {} events/s for {} s from {} producers; window {:?}, \
-         {} consumers, at most {} requests in flight, {}% of requests fail\n",
+         {} consumers, at most {} requests in flight, {}% of requests fail{}\n",
         thousands(u64::from(options.customers)),
         thousands(options.rate as u64),
         options.seconds.as_secs_f64(),
@@ -180,12 +189,14 @@ pub fn table(options: &Options, reports: &[Report]) -> String {
         options.consumers,
         options.in_flight,
         options.fail_rate * 100.0,
+        conditions(options),
     );
     out.push_str(
         "| mode | events produced | received once | HTTP requests | requests / 1000 events \
-         | TCP connections | MB on the wire | delay p50 | delay p99 | delay max | CPU s |\n",
+         | TCP connections | MB on the wire | delay p50 | delay p99 | delay max | CPU s \
+         | dead letters | out of order | overlapping requests |\n",
     );
-    out.push_str("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
+    out.push_str("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
     for r in reports {
         let mut received = thousands(r.events_received);
         if r.duplicate_events > 0 {
@@ -198,7 +209,8 @@ pub fn table(options: &Options, reports: &[Report]) -> String {
         let cpu = r.cpu_seconds.map_or("n/a".into(), |s| format!("{s:.1}"));
         let _ = writeln!(
             out,
-            "| {mode} | {} | {received} | {} | {:.1} | {} | {:.1} | {} | {} | {} | {cpu} |",
+            "| {mode} | {} | {received} | {} | {:.1} | {} | {:.1} | {} | {} | {} | {cpu} \
+             | {} | {} | {} |",
             thousands(r.events_produced),
             thousands(r.http_requests),
             r.requests_per_1000_events,
@@ -207,13 +219,40 @@ pub fn table(options: &Options, reports: &[Report]) -> String {
             milliseconds(r.delay_p50_ms),
             milliseconds(r.delay_p99_ms),
             milliseconds(r.delay_max_ms),
+            thousands(r.dead_letters),
+            thousands(r.out_of_order_events),
+            thousands(r.overlapping_requests),
         );
     }
     out.push_str(
         "\nMB on the wire: HTTP bytes read and written on the server's sockets, headers \
          included, TCP/IP overhead not. Delay: from an event's creation to the server's \
-         first receipt of it. CPU: the whole process, client and server.",
+         first receipt of it. CPU: the whole process, client and server. Out of order: \
+         events received after a later one from the same producer to the same customer. \
+         Overlapping requests: requests that reached a customer while another to it was in \
+         flight.",
     );
+    out
+}
+
+/// The table's note on `--down-customers` and `--max-attempts`, where they are set.
+fn conditions(options: &Options) -> String {
+    let mut out = String::new();
+    if options.down_customers > 0 {
+        let _ = write!(
+            out,
+            ", {} customers down for the first {} s",
+            thousands(u64::from(options.down_customers)),
+            options.seconds.as_secs_f64() / 2.0,
+        );
+    }
+    if options.max_attempts > 0 {
+        let _ = write!(
+            out,
+            ", an event given up after {} POSTs",
+            options.max_attempts
+        );
+    }
     out
 }
 
@@ -232,6 +271,8 @@ pub fn json(options: &Options, reports: &[Report]) -> serde_json::Value {
             "in_flight": options.in_flight,
             "fail_rate": options.fail_rate,
             "backoff_ms": options.backoff.as_secs_f64() * 1000.0,
+            "max_attempts": options.max_attempts,
+            "down_customers": options.down_customers,
             "seed": options.seed,
         },
         "bytes": "bytes_in and bytes_out are read and written on the server's sockets: \

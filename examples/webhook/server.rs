@@ -1,5 +1,6 @@
 //! The customers' endpoints: an axum server on 127.0.0.1, the listener and streams that count
-//! connections and bytes, and the log of what arrived.
+//! connections and bytes, and the log of what arrived, with its checks: each event once, each
+//! customer's events in order, one request at a time per customer.
 
 use std::collections::{HashMap, HashSet};
 use std::io;
@@ -10,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::post;
@@ -36,6 +37,11 @@ pub struct Server {
 struct ServerState {
     fail_rate: f64,
     seed: u64,
+    /// Customers below this one answer 503 to everything until `down_until_us`.
+    down_customers: u32,
+    down_until_us: u64,
+    /// `--producers`: an event's producer is its id modulo this.
+    producers: u64,
     log: Mutex<Log>,
     wire: Arc<Wire>,
 }
@@ -50,6 +56,11 @@ struct Log {
     duplicates: u64,
     requests: u64,
     failed: u64,
+    /// Events received (the first time) after a later event of the same producer for the
+    /// same customer.
+    out_of_order: u64,
+    /// Requests that came while the same customer had another one in flight.
+    overlapping: u64,
 }
 
 #[derive(Default)]
@@ -57,6 +68,10 @@ struct CustomerLog {
     seen: HashSet<u64>,
     requests: u64,
     body_bytes: u64,
+    /// The latest event id received from each producer, by producer.
+    latest: HashMap<u64, u64>,
+    /// Requests being handled now.
+    in_flight: u32,
 }
 
 /// Counts on the server's sockets.
@@ -78,12 +93,16 @@ pub struct Seen {
     pub bytes_out: u64,
     pub body_bytes: u64,
     pub busiest_customer_requests: u64,
+    pub out_of_order: u64,
+    pub overlapping: u64,
     pub delays_us: Vec<u64>,
 }
 
 /// An event as the server reads it: only the fields it needs.
 #[derive(Deserialize)]
 struct Received {
+    /// The producers number their events so that the id modulo `--producers` is the
+    /// producer, and each producer's ids grow.
     id: u64,
     created_us: u64,
 }
@@ -98,6 +117,9 @@ impl Server {
         let state = Arc::new(ServerState {
             fail_rate: options.fail_rate,
             seed: options.seed,
+            down_customers: options.down_customers,
+            down_until_us: now_us() + options.seconds.as_micros() as u64 / 2,
+            producers: u64::from(options.producers),
             log: Mutex::new(Log::default()),
             wire: wire.clone(),
         });
@@ -156,6 +178,8 @@ impl Server {
                 .map(|c| c.requests)
                 .max()
                 .unwrap_or(0),
+            out_of_order: log.out_of_order,
+            overlapping: log.overlapping,
             delays_us: std::mem::take(&mut log.delays_us),
         }
     }
@@ -168,9 +192,13 @@ impl ServerState {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Whether a customer's `nth` request fails: a hash of the seed, the customer and `n`, so
-    /// the failures don't depend on timing and a retry is a new draw.
-    fn fails(&self, customer: u32, nth: u64) -> bool {
+    /// Whether a customer's `nth` request, received at `now_us`, fails: every one while the
+    /// customer is down, else by a hash of the seed, the customer and `n`, so the failures
+    /// don't depend on timing and a retry is a new draw.
+    fn fails(&self, customer: u32, nth: u64, now_us: u64) -> bool {
+        if customer < self.down_customers && now_us < self.down_until_us {
+            return true;
+        }
         let draw = mix(self.seed ^ mix(u64::from(customer) ^ mix(nth)));
         let unit = (draw >> 11) as f64 / (1u64 << 53) as f64; // uniform in [0, 1)
         unit < self.fail_rate
@@ -178,12 +206,16 @@ impl ServerState {
 }
 
 /// `POST /customers/{id}/events`: records the events, or answers 503 for `--fail-rate` of
-/// the requests.
+/// the requests and to the `--down-customers` while they are down.
 async fn receive(
     State(state): State<Arc<ServerState>>,
     Path(customer): Path<u32>,
-    body: Bytes,
+    body: Body,
 ) -> StatusCode {
+    let _in_flight = InFlight::enter(&state, customer);
+    let Ok(body) = axum::body::to_bytes(body, usize::MAX).await else {
+        return StatusCode::BAD_REQUEST;
+    };
     let received_us = now_us();
     let events: Result<Vec<Received>, _> = serde_json::from_slice(&body);
     let mut log = state.lock();
@@ -191,7 +223,7 @@ async fn receive(
     let this = log.customers.entry(customer).or_default();
     this.requests += 1;
     this.body_bytes += body.len() as u64;
-    if state.fails(customer, this.requests) {
+    if state.fails(customer, this.requests, received_us) {
         log.failed += 1;
         return StatusCode::SERVICE_UNAVAILABLE;
     }
@@ -203,18 +235,61 @@ async fn receive(
         delays_us,
         events: received,
         duplicates,
+        out_of_order,
         ..
     } = &mut *log;
-    let seen = &mut customers.get_mut(&customer).expect("entered above").seen;
+    let this = customers.get_mut(&customer).expect("entered above");
     for event in events {
-        if seen.insert(event.id) {
-            *received += 1;
-            delays_us.push(received_us.saturating_sub(event.created_us));
-        } else {
+        if !this.seen.insert(event.id) {
             *duplicates += 1;
+            continue;
+        }
+        *received += 1;
+        delays_us.push(received_us.saturating_sub(event.created_us));
+        let latest = this
+            .latest
+            .entry(event.id % state.producers)
+            .or_insert(event.id);
+        if event.id < *latest {
+            *out_of_order += 1;
+        } else {
+            *latest = event.id;
         }
     }
     StatusCode::OK
+}
+
+/// A request to a customer from the moment its headers are in until its answer is made:
+/// while one lives, a second for the same customer is an overlap. The client sends a request
+/// before this starts and gets the answer after it ends, so an overlap seen here is a real
+/// one; overlaps shorter than reading a body may go unseen.
+struct InFlight {
+    state: Arc<ServerState>,
+    customer: u32,
+}
+
+impl InFlight {
+    fn enter(state: &Arc<ServerState>, customer: u32) -> InFlight {
+        let mut log = state.lock();
+        let this = log.customers.entry(customer).or_default();
+        this.in_flight += 1;
+        if this.in_flight > 1 {
+            log.overlapping += 1;
+        }
+        InFlight {
+            state: state.clone(),
+            customer,
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut log = self.state.lock();
+        if let Some(this) = log.customers.get_mut(&self.customer) {
+            this.in_flight -= 1;
+        }
+    }
 }
 
 /// A TCP listener that counts the connections it accepts and the bytes on each.
