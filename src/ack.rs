@@ -167,7 +167,12 @@ impl<K, V> Delivery<K, V> {
     /// among them, since values that come back go in front of newer ones.
     ///
     /// It is 1 on a first delivery. A value that comes back never has attempt 1 again, not
-    /// even in the part of a key that a batch cap split off.
+    /// even in the part of a key that a batch cap split off. Values sent while their key's
+    /// values were retried go out with those and share this count: with `max_attempts`,
+    /// they may reach the dead letters after fewer attempts of their own.
+    ///
+    /// Read it before deciding, since the decisions take the delivery:
+    /// `let attempt = delivery.attempt(); delivery.retry_after(backoff(attempt))`.
     ///
     /// # Examples
     ///
