@@ -4,16 +4,17 @@ use std::error::Error;
 
 use crate::report::ScenarioRuns;
 
-/// ns/value against keys for `timed`, `diy_delayqueue` and `origin_port`, one panel per
-/// window and producer count.
+/// ns/value against keys for `timed`, `timed_acked`, `diy_delayqueue` and `origin_port`,
+/// one panel per window and producer count.
 pub(crate) fn chart(
     path: &std::path::Path,
     scenarios: &[ScenarioRuns],
 ) -> Result<(), Box<dyn Error>> {
     use plotters::prelude::*;
 
-    let lines: [(&str, RGBColor); 3] = [
+    let lines: [(&str, RGBColor); 4] = [
         ("timed", RGBColor(0x1f, 0x77, 0xb4)),
+        ("timed_acked", RGBColor(0x94, 0x67, 0xbd)),
         ("diy_delayqueue", RGBColor(0xff, 0x7f, 0x0e)),
         ("origin_port", RGBColor(0x2c, 0xa0, 0x2c)),
     ];

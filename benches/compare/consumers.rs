@@ -3,10 +3,12 @@
 use std::cmp::Reverse;
 use std::collections::hash_map::Entry;
 use std::collections::{BinaryHeap, HashMap};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
+use keyed_batch::ack::Delivery;
 use keyed_batch::Batch;
 use tokio::sync::mpsc;
 use tokio_util::time::DelayQueue;
@@ -146,18 +148,51 @@ pub(crate) async fn consume_binaryheap<S: Sink>(
     sink
 }
 
-/// Reads batches from a `timed` or `ordered` receiver; `is_empty` is that receiver's own.
+/// What a `keyed_batch` receiver yields: a batch the consumer hands to its sink.
+pub(crate) trait Taken: Send {
+    fn is_empty(&self) -> bool;
+    /// Hands every key to `sink`, and does what the receiver asks of the consumer after.
+    fn hand_to<S: Sink>(self, sink: &mut S) -> impl Future<Output = ()> + Send;
+}
+
+impl Taken for Batch<u64, u64> {
+    fn is_empty(&self) -> bool {
+        self.is_empty()
+    }
+
+    async fn hand_to<S: Sink>(self, sink: &mut S) {
+        for (key, values) in &self {
+            sink.deliver(*key, values);
+        }
+    }
+}
+
+/// An acknowledging receiver's batch: each delivery is acked once its values are checked.
+impl Taken for Vec<Delivery<u64, u64>> {
+    fn is_empty(&self) -> bool {
+        self.is_empty()
+    }
+
+    async fn hand_to<S: Sink>(self, sink: &mut S) {
+        for delivery in self {
+            sink.deliver(*delivery.key(), delivery.values());
+            delivery.ack().await.expect("an in-memory ack takes effect");
+        }
+    }
+}
+
+/// Reads batches from a `timed` or `ordered` receiver, acknowledging or not; `is_empty` is
+/// that receiver's own.
 pub(crate) async fn consume_batches<R, S>(mut rx: R, is_empty: fn(&R) -> bool, mut sink: S) -> S
 where
-    R: Stream<Item = Batch<u64, u64>> + Unpin,
+    R: Stream + Unpin,
+    R::Item: Taken,
     S: Sink,
 {
     while !sink.done() {
         let batch = waiting(rx.next()).await.expect("channel is open");
         assert!(!batch.is_empty(), "an empty batch");
-        for (key, values) in &batch {
-            sink.deliver(*key, values);
-        }
+        batch.hand_to(&mut sink).await;
     }
     assert!(is_empty(&rx), "values left over");
     sink

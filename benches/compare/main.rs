@@ -20,6 +20,7 @@
 //! | `diy_delayqueue` | mpsc into a consumer task holding `HashMap<K, Vec<V>>` and a `tokio_util::time::DelayQueue<K>` |
 //! | `origin_port` | the origin's design: one `Mutex<(BTreeMap<Instant, Vec<K>>, HashMap<K, Vec<V>>)>`, pulled, 100 ms naps |
 //! | `timed` | `keyed_batch::timed` |
+//! | `timed_acked` | `keyed_batch::timed` acknowledged (`Builder::acked`): the consumer acks each delivery once its values are checked |
 //! | `ordered` | `keyed_batch::ordered` with random `u32` sort keys (window 0 scenarios only) |
 //! | `diy_binaryheap` | mpsc into a consumer task holding `HashMap` + `BinaryHeap`: what `ordered` replaces |
 //!

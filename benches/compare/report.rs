@@ -62,6 +62,7 @@ impl ScenarioRuns {
         let pairs = [
             ("timed", "mpsc"),
             ("timed", "diy_delayqueue"),
+            ("timed_acked", "timed"),
             ("diy_delayqueue", "mpsc"),
             ("origin_port", "mpsc"),
             ("origin_port", "diy_delayqueue"),
@@ -169,7 +170,7 @@ pub(crate) fn markdown(md: &mut String, plan: &Plan, scenarios: &[ScenarioRuns],
             // `ordered` against its hand-written twin; the rest against the DelayQueue one.
             let diy = match *variant {
                 "ordered" => s.ratio(variant, "diy_binaryheap"),
-                "timed" | "origin_port" => s.ratio(variant, "diy_delayqueue"),
+                "timed" | "timed_acked" | "origin_port" => s.ratio(variant, "diy_delayqueue"),
                 _ => None,
             };
             let vs_mpsc = (*variant != "mpsc")
@@ -204,10 +205,10 @@ pub(crate) fn markdown(md: &mut String, plan: &Plan, scenarios: &[ScenarioRuns],
     let _ = writeln!(md, "\n### README table: ns per value (medians)\n");
     let _ = writeln!(
         md,
-        "| scenario | {} | timed/mpsc | timed/diy_delayqueue | ordered/diy_binaryheap |",
+        "| scenario | {} | timed/mpsc | timed/diy_delayqueue | timed_acked/timed | ordered/diy_binaryheap |",
         cols.join(" | ")
     );
-    let _ = writeln!(md, "|---|{}--:|--:|--:|", "--:|".repeat(cols.len()));
+    let _ = writeln!(md, "|---|{}--:|--:|--:|--:|", "--:|".repeat(cols.len()));
     for s in scenarios.iter().filter(|s| !s.runs.is_empty()) {
         let mut row = format!("| {} |", s.scenario.name());
         for v in cols {
@@ -219,9 +220,10 @@ pub(crate) fn markdown(md: &mut String, plan: &Plan, scenarios: &[ScenarioRuns],
         }
         let _ = writeln!(
             md,
-            "{row} {} | {} | {} |",
+            "{row} {} | {} | {} | {} |",
             fmt_ratio(s.ratio("timed", "mpsc")),
             fmt_ratio(s.ratio("timed", "diy_delayqueue")),
+            fmt_ratio(s.ratio("timed_acked", "timed")),
             fmt_ratio(s.ratio("ordered", "diy_binaryheap")),
         );
     }
@@ -276,6 +278,11 @@ fn targets(md: &mut String, scenarios: &[ScenarioRuns], lateness: &[LatenessOut]
     ratio_row("timed/mpsc at 1,000,000 keys", 3.0, &|s| {
         (s.scenario.keys == 1_000_000)
             .then(|| s.ratio("timed", "mpsc"))
+            .flatten()
+    });
+    ratio_row("timed_acked/timed at 1,000 keys", 1.3, &|s| {
+        (s.scenario.keys == 1_000)
+            .then(|| s.ratio("timed_acked", "timed"))
             .flatten()
     });
     ratio_row("ordered/diy_binaryheap", 0.7, &|s| {

@@ -16,18 +16,25 @@ use crate::verify::{Sink, Verifier};
 use crate::workload::{Burst, HeapTx, Load, MpscTx, OrderedTx, OriginTx, Produce, TimedTx};
 
 /// Every variant, in the order the README table shows them. Window 0 scenarios run all.
-pub(crate) const ALL: [&str; 6] = [
+pub(crate) const ALL: [&str; 7] = [
     "mpsc",
     "diy_delayqueue",
     "origin_port",
     "timed",
+    "timed_acked",
     "ordered",
     "diy_binaryheap",
 ];
 /// The variants that take a window: the only ones windowed scenarios run.
-pub(crate) const WINDOWED: [&str; 4] = ["mpsc", "diy_delayqueue", "origin_port", "timed"];
+pub(crate) const WINDOWED: [&str; 5] = [
+    "mpsc",
+    "diy_delayqueue",
+    "origin_port",
+    "timed",
+    "timed_acked",
+];
 /// The variants the lateness scenario runs, in this order.
-pub(crate) const LATENESS: [&str; 3] = ["timed", "diy_delayqueue", "origin_port"];
+pub(crate) const LATENESS: [&str; 4] = ["timed", "timed_acked", "diy_delayqueue", "origin_port"];
 
 /// Runs `variant` once in a throughput scenario: starts its consumer with `sink`, sends
 /// `load` through it, and hands the sink back once every value has arrived, failing the run
@@ -85,6 +92,15 @@ pub(crate) async fn run<S: Sink>(
             // by their deadlines, not by a flush.
             let _open = tx.clone();
             let consumer = consume_batches(rx, timed::Receiver::is_empty, sink);
+            drive(consumer, TimedTx(tx), &load, limit).await
+        }
+        "timed_acked" => {
+            let (tx, rx) = timed::Builder::new(window).acked();
+            let _open = tx.clone(); // as in `timed`
+                                    // Values acked are gone: nothing pending and nothing in flight.
+            let drained =
+                |rx: &timed::AckReceiver<u64, u64>| rx.is_empty() && rx.stats().in_flight_keys == 0;
+            let consumer = consume_batches(rx, drained, sink);
             drive(consumer, TimedTx(tx), &load, limit).await
         }
         other => panic!("unknown variant {other}"),
