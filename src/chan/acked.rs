@@ -75,15 +75,6 @@ struct Delayed<R> {
     rank: R,
 }
 
-/// A delivery on its way out of the lock, where it becomes a [`Delivery`].
-pub(super) struct Flown<K, V> {
-    id: u64,
-    key: K,
-    values: Vec<V>,
-    attempt: u32,
-    entered: u64,
-}
-
 impl<R> Flights<R> {
     fn insert(&mut self, flight: Flight<R>) -> u64 {
         self.live += 1;
@@ -109,6 +100,12 @@ impl<R> Flights<R> {
         slot.0 = slot.0.wrapping_add(1);
         self.free.push(index);
         self.live -= 1;
+        if self.live == 0 && self.slots.capacity() > 4096 {
+            // A burst of deliveries is over: give its memory back. Generations restart,
+            // but no id is out to be confused by it.
+            self.slots = Vec::new();
+            self.free = Vec::new();
+        }
         Some(flight)
     }
 }
@@ -204,37 +201,50 @@ where
     F::Rank: Ord + Clone,
 {
     /// Takes the next batch for an acknowledging receiver: held retries whose delay is over
-    /// come back first, then due keys go out held, each a delivery in flight.
+    /// come back first, then due keys go out held, each a delivery in flight that decides
+    /// through `link`.
     fn take_deliveries(
         &self,
         state: &mut State<F, K, V>,
         now: u64,
         take: Take,
-    ) -> Vec<Flown<K, V>> {
+        link: &Arc<dyn Link<K, V>>,
+    ) -> Vec<Delivery<K, V>> {
         self.release_retries(state, now);
         let (max_values, max_weight) = (self.config.max_batch, self.config.max_batch_weight);
+        let epoch = self.epoch;
         self.pop_with(state, now, take, |state, is_due| {
-            let taken = state.queue.take_held(max_values, max_weight, is_due);
-            let mut flown = Vec::with_capacity(taken.len());
+            let State {
+                queue,
+                arrivals,
+                acked,
+                held_values,
+                held_weight,
+                ..
+            } = state;
+            let acked = acked.as_deref_mut().expect("an acknowledging channel");
+            let mut batch = Vec::new();
             let mut count = 0;
-            for taken in taken {
+            // Keys mostly go in the order their runs started, so the next run is most often
+            // the next arrival: look there before searching.
+            let mut next = 0;
+            queue.take_held(max_values, max_weight, is_due, |taken| {
                 let values = taken.front.values.len();
                 count += values;
                 // A value that came back knows when it entered; otherwise the run's start
                 // is a time at or before the first value entered.
                 let entered = taken.front.entered.unwrap_or_else(|| {
-                    let at = state
-                        .arrivals
-                        .binary_search_by_key(&taken.run.seq, |(run, _)| run.seq);
-                    at.map_or(now, |at| state.arrivals[at].1)
+                    let seq = taken.run.seq;
+                    let at = match arrivals.get(next) {
+                        Some((run, _)) if run.seq == seq => Some(next),
+                        _ => arrivals.binary_search_by_key(&seq, |(run, _)| run.seq).ok(),
+                    };
+                    next = at.map_or(next, |at| at + 1);
+                    at.map_or(now, |at| arrivals[at].1)
                 });
                 let attempt = taken.front.handed.first().copied().unwrap_or(0) + 1;
-                state.held_values += values;
-                state.held_weight += taken.weight;
-                let acked = state
-                    .acked
-                    .as_deref_mut()
-                    .expect("an acknowledging channel");
+                *held_values += values;
+                *held_weight += taken.weight;
                 acked.in_flight_values += values;
                 acked.in_flight_weight += taken.weight;
                 acked.attempts[(attempt as usize - 1).min(7)] += 1;
@@ -247,15 +257,13 @@ where
                     attempt,
                     entered,
                 });
-                flown.push(Flown {
-                    id,
-                    key: taken.key,
-                    values: taken.front.values,
-                    attempt,
-                    entered,
-                });
-            }
-            (flown, count)
+                let entered = flavor::instant(epoch, entered).unwrap_or(epoch);
+                let link = Arc::clone(link);
+                let delivery =
+                    Delivery::new(taken.key, taken.front.values, attempt, entered, id, link);
+                batch.push(delivery);
+            });
+            (batch, count)
         })
     }
 
@@ -295,7 +303,6 @@ where
             Decision::Ack | Decision::GiveUp => None,
         };
         let mut guard = self.lock();
-        let now = self.now();
         let closed = guard.closed_at.is_some();
         let receivers = guard.receivers;
         let acked = guard.acked();
@@ -355,6 +362,8 @@ where
                     handed,
                     entered: Some(flight.entered),
                 };
+                // Only a retry needs the time: an ack is cheaper without it.
+                let now = self.now();
                 let rank = F::retried(rank.take().expect("not yet used"), now);
                 match flight.hold {
                     Some(hold) => {
@@ -501,27 +510,14 @@ where
         Arc::clone(&self.chan) as Arc<dyn Link<K, V>>
     }
 
-    /// Turns what was taken under the lock into deliveries, after it.
-    fn deliveries(&self, flown: Vec<Flown<K, V>>) -> Vec<Delivery<K, V>> {
-        let link = self.link();
-        let epoch = self.chan.epoch;
-        flown
-            .into_iter()
-            .map(|f| {
-                let entered = flavor::instant(epoch, f.entered).unwrap_or(epoch);
-                Delivery::new(f.key, f.values, f.attempt, entered, f.id, Arc::clone(&link))
-            })
-            .collect()
-    }
-
     pub(crate) fn poll_deliveries(
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Vec<Delivery<K, V>>>> {
-        let polled = self.poll_batch(cx, |chan, state, now, take| {
-            chan.take_deliveries(state, now, take)
-        });
-        polled.map(|batch| batch.map(|flown| self.deliveries(flown)))
+        let link = self.link();
+        self.poll_batch(cx, |chan, state, now, take| {
+            chan.take_deliveries(state, now, take, &link)
+        })
     }
 
     pub(crate) async fn recv_deliveries(&mut self) -> Option<Vec<Delivery<K, V>>> {
@@ -529,17 +525,13 @@ where
     }
 
     pub(crate) fn try_recv_deliveries(&mut self) -> Result<Vec<Delivery<K, V>>, TryRecvError> {
-        let taken = self.try_batch(|chan, state, now, take| chan.take_deliveries(state, now, take));
-        taken.map(|flown| self.deliveries(flown))
+        let link = self.link();
+        self.try_batch(|chan, state, now, take| chan.take_deliveries(state, now, take, &link))
     }
 
     pub(crate) fn drain_deliveries(&mut self) -> Vec<Vec<Delivery<K, V>>> {
-        let batches =
-            self.drain_batches(|chan, state, now, take| chan.take_deliveries(state, now, take));
-        batches
-            .into_iter()
-            .map(|flown| self.deliveries(flown))
-            .collect()
+        let link = self.link();
+        self.drain_batches(|chan, state, now, take| chan.take_deliveries(state, now, take, &link))
     }
 
     pub(crate) fn dead_letters(&self) -> DeadLetters<K, V> {

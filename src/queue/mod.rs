@@ -619,8 +619,8 @@ where
         batch
     }
 
-    /// Takes the next batch as [`pop_batch_weighted`](Self::pop_batch_weighted) does, but
-    /// holds each key's slot: it stays, even when emptied, and takes new values, but it is
+    /// Takes the next batch as [`pop_batch_weighted`](Self::pop_batch_weighted) does, into
+    /// `out` key by key, but holds each key's slot: it stays, even when emptied, and takes new values, but it is
     /// not due, and its values are not taken again, until [`release`](Self::release). This is
     /// how a channel keeps one delivery per key in flight.
     ///
@@ -631,12 +631,9 @@ where
         max_values: usize,
         max_weight: usize,
         is_due: impl FnMut(&R) -> bool,
-    ) -> Vec<Taken<R, K, V>> {
-        let mut batch = Vec::new();
-        self.take(max_values, max_weight, is_due, true, |taken| {
-            batch.push(taken)
-        });
-        batch
+        out: impl FnMut(Taken<R, K, V>),
+    ) {
+        self.take(max_values, max_weight, is_due, true, out);
     }
 
     /// Plans a batch, then moves it into `out`, key by key.

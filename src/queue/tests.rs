@@ -423,18 +423,28 @@ fn taken_keys<R, K: Clone, V>(taken: &[Taken<R, K, V>]) -> Vec<K> {
     taken.iter().map(|t| t.key.clone()).collect()
 }
 
+/// `take_held` into a `Vec`.
+fn take_held<R: Ord + Clone, K: Hash + Eq + Clone, V>(
+    q: &mut SortedQueue<R, K, V>,
+    max_values: usize,
+) -> Vec<Taken<R, K, V>> {
+    let mut taken = Vec::new();
+    q.take_held(max_values, usize::MAX, |_| true, |t| taken.push(t));
+    taken
+}
+
 #[test]
 fn a_held_key_is_not_due_until_released() {
     let mut q = SortedQueue::new();
     q.push("a", 1, 1);
     q.push("b", 2, 2);
-    let taken = q.take_held(usize::MAX, usize::MAX, |_| true);
+    let taken = take_held(&mut q, usize::MAX);
     assert_eq!(taken_keys(&taken), ["a", "b"]);
     assert_eq!((q.len(), q.key_count(), q.slot_count()), (0, 0, 2));
     // New values join the held slot and are not due while it is held.
     q.push("a", 3, 0);
     assert_eq!((q.len(), q.key_count()), (1, 1));
-    assert!(q.take_held(usize::MAX, usize::MAX, |_| true).is_empty());
+    assert!(take_held(&mut q, usize::MAX).is_empty());
     assert!(q.pop_batch(usize::MAX, |_| true).is_empty());
     let hold = taken[0].hold.expect("held");
     assert!(
@@ -453,14 +463,14 @@ fn values_given_back_go_in_front_with_their_counts() {
     let mut q = SortedQueue::new();
     q.push("a", 1, 5);
     q.push("a", 2, 5);
-    let mut taken = q.take_held(1, usize::MAX, |_| true);
+    let mut taken = take_held(&mut q, 1);
     let first = taken.remove(0);
     assert_eq!(first.front.values, vec![1]);
     assert!(first.front.handed.is_empty(), "never handed out before");
     assert_eq!(first.rank, Some(5));
     let hold = first.hold.expect("held");
     // The rest of a split key is held too.
-    assert!(q.take_held(10, usize::MAX, |_| true).is_empty());
+    assert!(take_held(&mut q, 10).is_empty());
     q.push("a", 3, 9);
     let back = Returned {
         values: vec![1],
@@ -472,7 +482,7 @@ fn values_given_back_go_in_front_with_their_counts() {
     assert_eq!(q.len(), 3);
     assert!(q.release(hold, Release::Lower(4)));
     assert_eq!(q.peek_rank(), Some(&4));
-    let again = q.take_held(2, usize::MAX, |_| true).remove(0);
+    let again = take_held(&mut q, 2).remove(0);
     assert_eq!(again.front.values, vec![1, 2]);
     assert_eq!(
         again.front.handed,
@@ -482,7 +492,7 @@ fn values_given_back_go_in_front_with_their_counts() {
     assert_eq!(again.front.entered, Some(42));
     let last = q.release(again.hold.unwrap(), Release::Keep);
     assert!(last);
-    let rest = q.take_held(10, usize::MAX, |_| true).remove(0);
+    let rest = take_held(&mut q, 10).remove(0);
     assert_eq!(rest.front.values, vec![3]);
     assert!(rest.front.handed.is_empty());
 }
@@ -491,7 +501,7 @@ fn values_given_back_go_in_front_with_their_counts() {
 fn a_held_key_lowers_its_rank_without_a_ticket() {
     let mut q = SortedQueue::new();
     q.push("a", 1, 10);
-    let hold = q.take_held(10, usize::MAX, |_| true)[0].hold.unwrap();
+    let hold = take_held(&mut q, 10)[0].hold.unwrap();
     q.push("a", 2, 8);
     q.push("a", 3, 6);
     assert!(!q.promote(&"a", 2), "a held key does not lead");
@@ -510,7 +520,7 @@ fn a_rebuild_leaves_held_keys_held() {
     for key in 0..10i64 {
         q.push(key, key, key);
     }
-    let taken = q.take_held(3, usize::MAX, |_| true);
+    let taken = take_held(&mut q, 3);
     assert_eq!(taken.len(), 3);
     for key in 0..3i64 {
         q.push(key, 100 + key, -100);
@@ -529,10 +539,10 @@ fn a_key_whose_clone_panics_is_taken_unheld() {
     q.push(Touchy(2), 2, 1);
     arm(1, &[What::Clone]);
     assert!(panics(|| {
-        q.take_held(10, usize::MAX, |_| true);
+        take_held(&mut q, 10);
     }));
     assert_eq!(q.len(), 2);
-    let taken = q.take_held(10, usize::MAX, |_| true);
+    let taken = take_held(&mut q, 10);
     disarm();
     assert_eq!(taken.len(), 2);
     assert!(taken[0].hold.is_none(), "moved out, not held");
