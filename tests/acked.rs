@@ -514,3 +514,24 @@ async fn dead_letter_stream_ends_with_the_last_receiver() {
     assert_eq!(assert_ready!(waiting.poll()), None);
     drop(batch);
 }
+
+/// `ack_all` acknowledges a whole batch, with its room and the keys' newer values back.
+#[tokio::test(start_paused = true)]
+async fn ack_all_acknowledges_a_batch() {
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO).capacity(3).acked();
+    for key in ["a", "b", "c"] {
+        tx.send(key, 1).await.unwrap();
+    }
+    let batch = rx.recv().await.unwrap();
+    assert!(
+        tx.try_send("a", 2).unwrap_err().is_full(),
+        "three in flight"
+    );
+    keyed_batch::ack::ack_all(batch).await.unwrap();
+    let stats = rx.stats();
+    assert_eq!((stats.acked, stats.in_flight_keys), (3, 0));
+    tx.try_send("b", 2).unwrap();
+    let next = rx.recv().await.unwrap();
+    assert_eq!(contents(&next), vec![("b", vec![2])]);
+    keyed_batch::ack::ack_all(next).await.unwrap();
+}

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use keyed_batch::ack::Delivery;
+use keyed_batch::ack::{self, Delivery};
 use keyed_batch::Batch;
 use tokio::sync::mpsc;
 use tokio_util::time::DelayQueue;
@@ -167,17 +167,21 @@ impl Taken for Batch<u64, u64> {
     }
 }
 
-/// An acknowledging receiver's batch: each delivery is acked once its values are checked.
+/// An acknowledging receiver's batch: every delivery's values are checked, then the batch is
+/// acknowledged at once with `ack_all`, as a consumer that pushed the whole batch would.
+/// (Acknowledging each delivery on its own takes the channel's lock once per delivery.)
 impl Taken for Vec<Delivery<u64, u64>> {
     fn is_empty(&self) -> bool {
         self.is_empty()
     }
 
     async fn hand_to<S: Sink>(self, sink: &mut S) {
-        for delivery in self {
+        for delivery in &self {
             sink.deliver(*delivery.key(), delivery.values());
-            delivery.ack().await.expect("an in-memory ack takes effect");
         }
+        ack::ack_all(self)
+            .await
+            .expect("an in-memory ack takes effect");
     }
 }
 

@@ -11,6 +11,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use super::{Chan, Guard, Rx, State, Take, Waiters};
 use crate::ack::{DeadLetter, DeadLetters, Decided, Decision, Delivery, Link};
@@ -303,6 +304,29 @@ where
             Decision::Ack | Decision::GiveUp => None,
         };
         let mut guard = self.lock();
+        self.decide_locked(&mut guard, id, given_up, retry);
+        self.after_decisions(&mut guard);
+    }
+
+    /// Acknowledges the deliveries `ids`, under one lock.
+    fn ack_many(&self, ids: &[u64]) {
+        let mut guard = self.lock();
+        for &id in ids {
+            self.decide_locked(&mut guard, id, false, None);
+        }
+        self.after_decisions(&mut guard);
+    }
+
+    /// Makes a decision under the lock: `retry` holds what a retry hands back, weighed and
+    /// hashed before the lock was taken.
+    #[allow(clippy::type_complexity)]
+    fn decide_locked(
+        &self,
+        guard: &mut Guard<'_, F, K, V>,
+        id: u64,
+        given_up: bool,
+        retry: Option<(Duration, K, Vec<V>, Option<Vec<usize>>, u64)>,
+    ) {
         let closed = guard.closed_at.is_some();
         let receivers = guard.receivers;
         let acked = guard.acked();
@@ -367,7 +391,7 @@ where
                 let rank = F::retried(rank.take().expect("not yet used"), now);
                 match flight.hold {
                     Some(hold) => {
-                        let state = &mut *guard;
+                        let state = &mut **guard;
                         let given = state.queue.give_back(hold, back);
                         debug_assert!(given.is_ok(), "a hold lasts while its delivery flies");
                         let delay = u64::try_from(after.as_nanos()).unwrap_or(u64::MAX);
@@ -390,7 +414,7 @@ where
                     }
                     None => {
                         // A key that cannot be held goes back in as new values would.
-                        let state = &mut *guard;
+                        let state = &mut **guard;
                         let inserted =
                             state
                                 .queue
@@ -406,18 +430,20 @@ where
                 }
             }
         }
-        if rank.is_some() {
-            // Not over the unheld retry's spare rank, which would then drop here.
-            guard.spare.1 = rank;
+        if let Some(rank) = rank {
+            guard.queue.discard(rank);
         }
         if let (Some(hold), Some(release)) = (flight.hold, release) {
             if guard.queue.release(hold, release) {
                 guard.wake_receivers();
             }
         }
-        // Room may be back, or a key slot, or the stream may have ended.
-        self.serve(&mut guard);
-        if self.is_drained(&guard) {
+    }
+
+    /// After decisions: room may be back, or a key slot, or the stream may have ended.
+    fn after_decisions(&self, guard: &mut Guard<'_, F, K, V>) {
+        self.serve(guard);
+        if self.is_drained(guard) {
             guard.wake_receivers();
             let state = guard.state.as_ref().expect("the guard holds the lock");
             let acked = state.acked.as_deref().expect("an acknowledging channel");
@@ -435,6 +461,11 @@ where
 {
     fn decide(&self, id: u64, decision: Decision<K, V>) -> Decided<()> {
         self.decide_now(id, decision);
+        Decided::done(Ok(()))
+    }
+
+    fn ack_all(&self, ids: &[u64]) -> Decided<()> {
+        self.ack_many(ids);
         Decided::done(Ok(()))
     }
 

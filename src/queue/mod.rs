@@ -288,6 +288,12 @@ impl<R, K, V> SortedQueue<R, K, V> {
         self.index.defer_drops();
     }
 
+    /// Drops a rank the owner has no more use for, as the queue drops its own: later, if
+    /// drops are deferred.
+    pub(crate) fn discard(&mut self, rank: R) {
+        self.index.discard(rank);
+    }
+
     /// The ranks kept since the last call, when drops are deferred.
     pub(crate) fn take_trash(&mut self) -> Vec<R> {
         self.index.take_trash()
