@@ -22,7 +22,7 @@ use keyed_batch::timed;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, Instant};
 
-use common::flavour::{Due, Flavour, Limits, Ordered, Timed};
+use common::flavour::{Due, Flavour, Limits, Ordered, Receiving, Timed};
 use common::time::{ms, secs};
 
 type Key = u16;
@@ -180,7 +180,7 @@ async fn receiver<C: Stressed>(mut rx: C::Rx, seed: u64, plan: Plan, max_batch: 
             };
             tokio::select! {
                 biased;
-                batch = C::recv(&mut rx) => batch,
+                batch = rx.recv() => batch,
                 () = async {
                     if let Some(nap) = nap {
                         sleep(nap).await;
@@ -191,7 +191,7 @@ async fn receiver<C: Stressed>(mut rx: C::Rx, seed: u64, plan: Plan, max_batch: 
                 }
             }
         } else {
-            C::recv(&mut rx).await
+            rx.recv().await
         };
         let Some(batch) = batch else { break };
         taken.batches += 1;
