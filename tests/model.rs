@@ -10,6 +10,11 @@
 //! future may be left waiting for something the model says it can have (a due batch, room,
 //! or a closed channel).
 //!
+//! The acknowledging channels run the same harness, with a receiver whose batches are
+//! deliveries. The model holds each key in flight, and keeps the deliveries, the retries
+//! held for a delay and the dead letters beside its queue; operations decide deliveries
+//! and take dead letters. At the end, every value sent must be in exactly one place.
+//!
 //! Each model runs 2,000 cases by default. Set `KEYED_BATCH_CASES` for a longer run:
 //!
 //! ```text
@@ -19,22 +24,25 @@
 mod common;
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt::Debug;
 use std::rc::Rc;
 use std::task::Poll;
 use std::time::Duration;
 
 use futures::future::LocalBoxFuture;
+use futures::FutureExt;
+use keyed_batch::ack::{DeadLetter, DeadLetters, Delivery};
 use keyed_batch::error::{SendError, TryRecvError, TrySendError};
 use keyed_batch::queue::SortedQueue;
+use keyed_batch::stats::Stats;
 use keyed_batch::{ordered, Batch};
 use proptest::prelude::*;
 use proptest::test_runner::Config as ProptestConfig;
 use tokio::time::Instant;
 use tokio_test::task::{spawn, Spawn};
 
-use common::flavour::{Due, Flavour, Limits, Ordered, Timed, Weigher};
+use common::flavour::{Due, Flavour, Limits, Ordered, Receiving, Timed, Weigher};
 use common::time::{ms, paused_runtime};
 
 type K = u8;
@@ -56,7 +64,7 @@ fn config() -> ProptestConfig {
 
 // ===== the reference model =====
 
-/// A pending key in the model.
+/// A key in the model: pending, or (in an acknowledging channel) held.
 #[derive(Clone, Debug)]
 struct Entry<R> {
     key: K,
@@ -64,9 +72,20 @@ struct Entry<R> {
     rank: R,
     /// When the key's current run of pending values started.
     seq: u64,
+    /// A delivery of the key is in flight, or waits out a retry delay: the key takes new
+    /// values, but is not due, and stays even with no values.
+    held: bool,
 }
 
-/// The reference model of the queue: pending keys in a `Vec`, searched linearly.
+/// What the model took for a batch: a key, its oldest values, and the key's rank then.
+#[derive(Debug)]
+struct Taken<R> {
+    key: K,
+    values: Vec<V>,
+    rank: R,
+}
+
+/// The reference model of the queue: keys in a `Vec`, searched linearly.
 #[derive(Clone, Debug)]
 struct Model<R> {
     entries: Vec<Entry<R>>,
@@ -88,6 +107,7 @@ impl<R: Ord + Copy> Model<R> {
         self.weights.map_or(1, |table| weigh(table, value))
     }
 
+    /// Pending values, held keys' included.
     fn len(&self) -> usize {
         self.entries.iter().map(|e| e.values.len()).sum()
     }
@@ -101,17 +121,30 @@ impl<R: Ord + Copy> Model<R> {
             .sum()
     }
 
-    fn is_pending(&self, key: K) -> bool {
+    /// Whether `key` has a slot: it is pending, or held.
+    fn has_slot(&self, key: K) -> bool {
         self.entries.iter().any(|e| e.key == key)
     }
 
+    /// Keys with pending values.
     fn key_count(&self) -> usize {
+        self.entries.iter().filter(|e| !e.values.is_empty()).count()
+    }
+
+    /// Keys that are pending or held: what `max_keys` counts.
+    fn slot_count(&self) -> usize {
         self.entries.len()
     }
 
-    /// The key that comes out next: smallest rank, then earliest run.
+    fn entry(&mut self, key: K) -> Option<&mut Entry<R>> {
+        self.entries.iter_mut().find(|e| e.key == key)
+    }
+
+    /// The key that comes out next: smallest rank, then earliest run, among those not held.
     fn front(&self) -> Option<usize> {
-        (0..self.entries.len()).min_by_key(|&i| (self.entries[i].rank, self.entries[i].seq))
+        (0..self.entries.len())
+            .filter(|&i| !self.entries[i].held)
+            .min_by_key(|&i| (self.entries[i].rank, self.entries[i].seq))
     }
 
     fn front_rank(&self) -> Option<R> {
@@ -120,8 +153,9 @@ impl<R: Ord + Copy> Model<R> {
 
     /// Adds `values` to `key`, behind its pending values or (`in_front`) before them. The
     /// key's rank becomes the smaller of its rank and `rank(len, weight)`, counting the
-    /// key's values and their weight once they are in. Returns whether the key got a
-    /// smaller rank (or is new) and now comes out first.
+    /// key's values and their weight once they are in; a held key with no values starts a
+    /// new run, ranked by them alone. Returns whether the key got a smaller rank (or is
+    /// new) and now comes out first.
     fn insert(
         &mut self,
         key: K,
@@ -139,7 +173,14 @@ impl<R: Ord + Copy> Model<R> {
             None => 0,
         };
         let weight = old_weight + new_weight;
-        let lowered = match self.entries.iter_mut().find(|e| e.key == key) {
+        let clock = self.clock;
+        let lowered = match self.entry(key) {
+            Some(entry) if entry.held && entry.values.is_empty() => {
+                entry.rank = rank(values.len(), weight);
+                entry.seq = clock;
+                entry.values = values;
+                false
+            }
             Some(entry) => {
                 let rank = rank(entry.values.len() + values.len(), weight);
                 if in_front {
@@ -157,12 +198,13 @@ impl<R: Ord + Copy> Model<R> {
                     key,
                     values,
                     rank,
-                    seq: self.clock,
+                    seq: clock,
+                    held: false,
                 });
                 true
             }
         };
-        lowered && self.entries[self.front().unwrap()].key == key
+        lowered && self.front().is_some_and(|i| self.entries[i].key == key)
     }
 
     /// Takes due keys in order, at most `max` values of at most `max_weight` in all. A key
@@ -175,6 +217,19 @@ impl<R: Ord + Copy> Model<R> {
         max_weight: usize,
         is_due: impl Fn(&R) -> bool,
     ) -> Vec<(K, Vec<V>)> {
+        let batch = self.take(max, max_weight, is_due, false);
+        batch.into_iter().map(|t| (t.key, t.values)).collect()
+    }
+
+    /// Takes a batch as [`pop`](Self::pop) does, skipping held keys; with `hold`, every key
+    /// taken stays, held, with what a split left of it.
+    fn take(
+        &mut self,
+        max: usize,
+        max_weight: usize,
+        is_due: impl Fn(&R) -> bool,
+        hold: bool,
+    ) -> Vec<Taken<R>> {
         let mut batch = Vec::new();
         let (mut room, mut room_weight) = (max, max_weight);
         while room > 0 {
@@ -192,31 +247,54 @@ impl<R: Ord + Copy> Model<R> {
                 count += 1;
                 weight += w;
             }
-            if count == 0 {
-                if !batch.is_empty() {
-                    break;
-                }
-                // A heavy first value goes out alone.
-                let entry = &mut self.entries[i];
-                batch.push((entry.key, vec![entry.values.remove(0)]));
-                if !entry.values.is_empty() {
-                    break;
-                }
-                self.entries.remove(i);
+            // A heavy first value goes out alone, in a batch of its own.
+            let alone = count == 0;
+            if alone && !batch.is_empty() {
                 break;
             }
+            count = count.max(1);
             room -= count;
-            room_weight -= weight;
-            if count == self.entries[i].values.len() {
-                let entry = self.entries.remove(i);
-                batch.push((entry.key, entry.values));
-            } else {
-                let entry = &mut self.entries[i];
-                batch.push((entry.key, entry.values.drain(..count).collect()));
+            room_weight = room_weight.saturating_sub(weight);
+            let entry = &mut self.entries[i];
+            let values = entry.values.drain(..count).collect();
+            batch.push(Taken {
+                key: entry.key,
+                values,
+                rank: entry.rank,
+            });
+            let split = !entry.values.is_empty();
+            if hold {
+                entry.held = true;
+            } else if !split {
+                self.entries.remove(i);
+            }
+            if alone || split {
                 break;
             }
         }
         batch
+    }
+
+    /// Puts a delivery's values back in front of its held key's values; rank and run stay.
+    fn give_back(&mut self, key: K, values: Vec<V>) {
+        let entry = self.entry(key).expect("a key in flight is held");
+        assert!(entry.held, "a key in flight is held");
+        entry.values.splice(0..0, values);
+    }
+
+    /// Ends `key`'s hold: with values, it is due again by its rank, lowered to `lower`;
+    /// without, it leaves. A key with no slot (every receiver went) is left alone.
+    fn release(&mut self, key: K, lower: Option<R>) {
+        let Some(at) = self.entries.iter().position(|e| e.key == key) else {
+            return;
+        };
+        let entry = &mut self.entries[at];
+        entry.held = false;
+        if entry.values.is_empty() {
+            self.entries.remove(at);
+        } else if let Some(rank) = lower {
+            entry.rank = entry.rank.min(rank);
+        }
     }
 }
 
@@ -401,16 +479,21 @@ fn weigher(weights: Weights) -> Option<Weigher<V>> {
 const WEIGHTS: [&[usize]; 3] = [&[1, 2, 3, 4, 0], &[0, 0, 1], &[2, 1, 9, 0, 1, 5]];
 
 /// Limits, small so that they are reached often, and weights. `timed` also gets the per-key
-/// limits.
-fn limits(timed: bool) -> impl Strategy<Value = (Limits, Weights)> {
+/// limits, and `acked` channels `max_attempts`.
+fn limits(timed: bool, acked: bool) -> impl Strategy<Value = (Limits, Weights)> {
     let per_key = |range: std::ops::Range<usize>| match timed {
         true => prop::option::of(range).boxed(),
+        false => Just(None).boxed(),
+    };
+    let max_attempts = match acked {
+        true => prop::option::of(1..4u32).boxed(),
         false => Just(None).boxed(),
     };
     let counts = (
         prop::option::of(1..6usize),
         prop::option::of(1..7usize),
         per_key(1..5),
+        max_attempts,
     );
     let weights = (
         prop::option::of(prop::sample::select(WEIGHTS.to_vec())),
@@ -421,7 +504,7 @@ fn limits(timed: bool) -> impl Strategy<Value = (Limits, Weights)> {
     );
     (counts, weights).prop_map(
         |(
-            (max_batch, capacity, per_key),
+            (max_batch, capacity, per_key, max_attempts),
             (weights, max_batch_weight, max_weight, max_keys, key_weight),
         )| {
             let limits = Limits {
@@ -432,6 +515,7 @@ fn limits(timed: bool) -> impl Strategy<Value = (Limits, Weights)> {
                 max_weight,
                 max_keys,
                 key_weight,
+                max_attempts,
             };
             (limits, weights)
         },
@@ -466,12 +550,25 @@ enum Op {
     Recv(usize),
     /// Drops a waiting `recv` future.
     CancelRecv(usize),
-    /// Requeues a batch entry delivered earlier (or nothing, if none is left).
+    /// Requeues a batch entry delivered earlier (or nothing, if none is left): plain
+    /// channels.
     Requeue {
         rx: usize,
         pick: usize,
         input: u8,
     },
+    /// Decides a delivery in flight: acknowledging channels, as are the operations below.
+    Decide {
+        pick: usize,
+        how: How,
+    },
+    DrainNow(usize),
+    /// `try_recv` on a dead-letter stream.
+    TryRecvDead(usize),
+    /// `recv` on a dead-letter stream, on a mock task.
+    RecvDead(usize),
+    /// Drops a waiting dead-letter `recv` future.
+    CancelRecvDead(usize),
     Close(usize),
     CloneTx(usize),
     DropTx(usize),
@@ -481,12 +578,25 @@ enum Op {
     Settle,
 }
 
-/// Operations that never close the channel.
-fn open_op() -> impl Strategy<Value = Op> {
+/// A decision about a delivery.
+#[derive(Clone, Copy, Debug)]
+enum How {
+    Ack,
+    GiveUp,
+    Retry,
+    /// `retry_after` this many milliseconds.
+    RetryAfter(u8),
+    /// Dropped undecided.
+    Drop,
+}
+
+/// Operations that never close the channel. An `acked` channel has no `requeue`, but
+/// decisions, `drain_now` and dead letters.
+fn open_op(acked: bool) -> BoxedStrategy<Op> {
     let ix = 0..4usize;
     let key = 0..5u8;
     let input = 0..=70u8;
-    prop_oneof![
+    let both = prop_oneof![
         16 => (ix.clone(), key.clone(), input.clone(), any::<bool>())
             .prop_map(|(tx, key, input, plain)| Op::TrySend { tx, key, input, plain }),
         14 => (ix.clone(), key, input.clone(), any::<bool>())
@@ -496,19 +606,43 @@ fn open_op() -> impl Strategy<Value = Op> {
         12 => ix.clone().prop_map(Op::TryRecv),
         8 => ix.clone().prop_map(Op::Recv),
         2 => ix.clone().prop_map(Op::CancelRecv),
-        5 => (ix.clone(), 0..8usize, input)
-            .prop_map(|(rx, pick, input)| Op::Requeue { rx, pick, input }),
         3 => ix.clone().prop_map(Op::CloneTx),
-        3 => ix.prop_map(Op::CloneRx),
+        3 => ix.clone().prop_map(Op::CloneRx),
         10 => Just(Op::Settle),
+    ];
+    // The sum of the weights above, so that each keeps its share.
+    const BOTH: u32 = 82;
+    if !acked {
+        return prop_oneof![
+            BOTH => both,
+            5 => (ix, 0..8usize, input)
+                .prop_map(|(rx, pick, input)| Op::Requeue { rx, pick, input }),
+        ]
+        .boxed();
+    }
+    let how = prop_oneof![
+        4 => Just(How::Ack),
+        1 => Just(How::GiveUp),
+        2 => Just(How::Retry),
+        2 => (0..=60u8).prop_map(How::RetryAfter),
+        1 => Just(How::Drop),
+    ];
+    prop_oneof![
+        BOTH => both,
+        14 => (0..8usize, how).prop_map(|(pick, how)| Op::Decide { pick, how }),
+        2 => ix.clone().prop_map(Op::DrainNow),
+        3 => ix.clone().prop_map(Op::TryRecvDead),
+        2 => ix.clone().prop_map(Op::RecvDead),
+        1 => ix.prop_map(Op::CancelRecvDead),
     ]
+    .boxed()
 }
 
 /// Any operation, closing ones included.
-fn op() -> impl Strategy<Value = Op> {
+fn op(acked: bool) -> impl Strategy<Value = Op> {
     let ix = 0..4usize;
     prop_oneof![
-        12 => open_op(),
+        12 => open_op(acked),
         1 => ix.clone().prop_map(Op::Close),
         1 => ix.clone().prop_map(Op::DropTx),
         1 => ix.prop_map(Op::DropRx),
@@ -517,10 +651,10 @@ fn op() -> impl Strategy<Value = Op> {
 
 /// A sequence: a run on an open channel, then a tail where anything may happen. Most
 /// closing happens in the tail, so most of a sequence exercises an open channel.
-fn ops() -> impl Strategy<Value = Vec<Op>> {
+fn ops(acked: bool) -> impl Strategy<Value = Vec<Op>> {
     (
-        prop::collection::vec(open_op(), 0..80),
-        prop::collection::vec(op(), 0..40),
+        prop::collection::vec(open_op(acked), 0..80),
+        prop::collection::vec(op(acked), 0..40),
     )
         .prop_map(|(mut open, tail)| {
             open.extend(tail);
@@ -542,10 +676,34 @@ fn refused<T>(err: TrySendError<T>) -> Refused<T> {
     }
 }
 
+/// A receive's outcome, as a poll's: `None` if it waits (`Empty`), `Some(None)` at the end
+/// of the stream (`Disconnected`).
+fn outcome<T>(got: Result<T, TryRecvError>) -> Option<Option<T>> {
+    match got {
+        Ok(batch) => Some(Some(batch)),
+        Err(TryRecvError::Disconnected) => Some(None),
+        Err(TryRecvError::Empty) => None,
+    }
+}
+
+/// A poll's outcome: `None` while pending.
+fn ready<T>(polled: Poll<T>) -> Option<T> {
+    match polled {
+        Poll::Ready(out) => Some(out),
+        Poll::Pending => None,
+    }
+}
+
 type Fut<T> = LocalBoxFuture<'static, T>;
 
+/// What the receivers of mode `M` hand out: a batch, or deliveries.
+type Got<F, M> = <<M as Mode<F>>::Rx as Receiving<K, V>>::Batch;
+
 /// A `recv` future on a mock task.
-type RecvTask = Spawn<Fut<Option<Batch<K, V>>>>;
+type RecvTask<F, M> = Spawn<Fut<Option<Got<F, M>>>>;
+
+/// A dead letter as the model writes it: key, values, attempts.
+type Letter = (K, Vec<V>, u32);
 
 /// A `send` future that owns its sender.
 fn send<F: Modelled>(
@@ -559,10 +717,21 @@ fn send<F: Modelled>(
 
 /// A `recv` future on a shared receiver.
 // The borrow is held across the await on purpose: the future owns the receiver's use
-// until it completes or is dropped, and the harness touches only idle receivers.
+// until it completes or is dropped, and the harness touches only idle receivers. The same
+// goes for dead-letter streams.
 #[allow(clippy::await_holding_refcell_ref)]
-fn recv<F: Modelled>(rx: Rc<RefCell<F::Rx>>) -> Fut<Option<Batch<K, V>>> {
-    Box::pin(async move { F::recv(&mut rx.borrow_mut()).await })
+fn recv<R: Receiving<K, V>>(rx: Rc<RefCell<R>>) -> Fut<Option<R::Batch>> {
+    Box::pin(async move { rx.borrow_mut().recv().await })
+}
+
+/// A `recv` future on a shared dead-letter stream, with the letter as the model writes it.
+#[allow(clippy::await_holding_refcell_ref)]
+fn recv_dead(dead: Rc<RefCell<DeadLetters<K, V>>>) -> Fut<Option<Letter>> {
+    Box::pin(async move { dead.borrow_mut().recv().await.map(letter) })
+}
+
+fn letter(letter: DeadLetter<K, V>) -> Letter {
+    (letter.key, letter.values, letter.attempts)
 }
 
 /// A channel flavour as the model ranks it. Times are in milliseconds since `base`, when the
@@ -585,13 +754,16 @@ trait Modelled: Flavour<K, V> + 'static {
         base: Instant,
     ) -> Self::Rank;
     fn requeue_rank(&self, arg: Self::Arg, now: u64) -> Self::Rank;
+    /// The rank a retried key is due again by, at the latest: its delivery went out at
+    /// `rank`, and it is released at `now`.
+    fn retried(rank: Self::Rank, now: u64) -> Self::Rank;
     fn is_due(rank: &Self::Rank, now: u64) -> bool;
-    /// The receiver's `next_deadline`, and what the model says it is, given the front rank
-    /// and when the channel closed.
-    fn deadlines(
-        &self,
-        rx: &Self::Rx,
+    /// The receiver's `next_deadline`, and what the model says it is, given the front rank,
+    /// when the first held retry ends, and when the channel closed.
+    fn deadlines<R: Receiving<K, V>>(
+        rx: &R,
         front: Option<Self::Rank>,
+        release: Option<u64>,
         closed_at: Option<u64>,
         base: Instant,
     ) -> (Option<Instant>, Option<Instant>);
@@ -637,19 +809,24 @@ impl Modelled for Timed {
         now
     }
 
+    fn retried(_: u64, now: u64) -> u64 {
+        now
+    }
+
     fn is_due(deadline: &u64, now: u64) -> bool {
         *deadline <= now
     }
 
-    fn deadlines(
-        &self,
-        rx: &Self::Rx,
+    fn deadlines<R: Receiving<K, V>>(
+        rx: &R,
         front: Option<u64>,
+        release: Option<u64>,
         closed_at: Option<u64>,
         base: Instant,
     ) -> (Option<Instant>, Option<Instant>) {
         // Once closed, everything is due: at the latest when it closed.
-        let due = front.map(|at| closed_at.map_or(at, |closed| at.min(closed)));
+        let first = front.into_iter().chain(release).min();
+        let due = first.map(|at| closed_at.map_or(at, |closed| at.min(closed)));
         (rx.next_deadline(), due.map(|at| base + ms(at)))
     }
 }
@@ -670,18 +847,107 @@ impl Modelled for Ordered {
         sort_key
     }
 
+    fn retried(sort_key: u8, _: u64) -> u8 {
+        sort_key
+    }
+
     fn is_due(_: &u8, _: u64) -> bool {
         true
     }
 
-    fn deadlines(
-        &self,
-        _: &Self::Rx,
+    fn deadlines<R: Receiving<K, V>>(
+        rx: &R,
         _: Option<u8>,
+        _: Option<u64>,
         _: Option<u64>,
         _: Instant,
     ) -> (Option<Instant>, Option<Instant>) {
-        (None, None)
+        (rx.next_deadline(), None)
+    }
+}
+
+/// How a harness receives: [`Plain`] batches, or [`Acking`] deliveries to decide.
+trait Mode<F: Modelled>: 'static {
+    /// Whether deliveries are acknowledged: each key is held while it is in flight.
+    const ACKED: bool;
+    type Rx: Receiving<K, V>;
+    /// A batch entry as the model writes it.
+    type Seen: PartialEq + Debug;
+
+    fn build(fl: &F, limits: &Limits, weights: Weights) -> (F::Tx, Self::Rx);
+    fn seen(key: K, values: Vec<V>, attempt: u32) -> Self::Seen;
+    fn entries(batch: &Got<F, Self>) -> Vec<Self::Seen>;
+    /// The deliveries in a batch; a plain batch has none.
+    fn deliveries(batch: Got<F, Self>) -> Vec<Delivery<K, V>>;
+    /// `requeue`, where the receiver has it; the error's key and values.
+    fn requeue(rx: &Self::Rx, arg: F::Arg, key: K, values: Vec<V>) -> Option<Result<(), F::Back>>;
+    fn dead_letters(rx: &Self::Rx) -> Option<DeadLetters<K, V>>;
+}
+
+/// A plain receiver: batches of `(key, values)`.
+struct Plain;
+
+/// An acknowledging receiver: deliveries, seen as `(key, values, attempt)`.
+struct Acking;
+
+impl<F: Modelled> Mode<F> for Plain {
+    const ACKED: bool = false;
+    type Rx = F::Rx;
+    type Seen = (K, Vec<V>);
+
+    fn build(fl: &F, limits: &Limits, weights: Weights) -> (F::Tx, F::Rx) {
+        fl.build(limits, weigher(weights))
+    }
+
+    fn seen(key: K, values: Vec<V>, _: u32) -> (K, Vec<V>) {
+        (key, values)
+    }
+
+    fn entries(batch: &Batch<K, V>) -> Batch<K, V> {
+        batch.clone()
+    }
+
+    fn deliveries(_: Batch<K, V>) -> Vec<Delivery<K, V>> {
+        Vec::new()
+    }
+
+    fn requeue(rx: &F::Rx, arg: F::Arg, key: K, values: Vec<V>) -> Option<Result<(), F::Back>> {
+        Some(F::requeue(rx, arg, key, values).map_err(|err| err.0))
+    }
+
+    fn dead_letters(_: &F::Rx) -> Option<DeadLetters<K, V>> {
+        None
+    }
+}
+
+impl<F: Modelled> Mode<F> for Acking {
+    const ACKED: bool = true;
+    type Rx = F::AckRx;
+    type Seen = (K, Vec<V>, u32);
+
+    fn build(fl: &F, limits: &Limits, weights: Weights) -> (F::Tx, F::AckRx) {
+        fl.build_acked(limits, weigher(weights))
+    }
+
+    fn seen(key: K, values: Vec<V>, attempt: u32) -> (K, Vec<V>, u32) {
+        (key, values, attempt)
+    }
+
+    fn entries(batch: &Vec<Delivery<K, V>>) -> Vec<(K, Vec<V>, u32)> {
+        let seen = |d: &Delivery<K, V>| (*d.key(), d.values().to_vec(), d.attempt());
+        batch.iter().map(seen).collect()
+    }
+
+    fn deliveries(batch: Vec<Delivery<K, V>>) -> Vec<Delivery<K, V>> {
+        batch
+    }
+
+    fn requeue(_: &F::AckRx, _: F::Arg, _: K, _: Vec<V>) -> Option<Result<(), F::Back>> {
+        None
+    }
+
+    fn dead_letters(rx: &F::AckRx) -> Option<DeadLetters<K, V>> {
+        Some(F::dead_letters(rx))
     }
 }
 
@@ -690,7 +956,7 @@ impl Modelled for Ordered {
 enum Line {
     /// Room: `capacity` and `max_weight`.
     Room,
-    /// A key slot (`max_keys`), for a key that is not pending.
+    /// A key slot (`max_keys`), for a key that has none.
     Key,
 }
 
@@ -708,19 +974,123 @@ struct WaitingSend<F: Modelled> {
 }
 
 /// A receiver and its `recv` future, if one is waiting.
-struct RxSlot<F: Modelled> {
-    rx: Rc<RefCell<F::Rx>>,
-    recv: Option<RecvTask>,
+struct RxSlot<F: Modelled, M: Mode<F>> {
+    rx: Rc<RefCell<M::Rx>>,
+    recv: Option<RecvTask<F, M>>,
+}
+
+/// A dead-letter stream and its `recv` future, if one is waiting.
+struct DeadSlot {
+    dead: Rc<RefCell<DeadLetters<K, V>>>,
+    recv: Option<Spawn<Fut<Option<Letter>>>>,
+}
+
+/// A delivery in flight, in the model.
+struct Flight<R> {
+    key: K,
+    values: Vec<V>,
+    attempt: u32,
+    /// The key's rank when it went out.
+    rank: R,
+    /// The real delivery, once the receive that took it is checked.
+    delivery: Option<Delivery<K, V>>,
+}
+
+/// An acknowledging channel in the model, beyond its queue: deliveries in flight, held
+/// retries and dead letters, how often each value was handed out, and where values went.
+/// A plain channel leaves it empty, but for `entered`.
+struct Acks<R> {
+    /// In the order they went out.
+    flights: Vec<Flight<R>>,
+    /// Keys held by `retry_after`: when the delay ends, the key, and its flight's rank.
+    delayed: Vec<(u64, K, R)>,
+    /// Dead letters not yet taken, oldest first.
+    dead: VecDeque<Letter>,
+    /// How many times each value was handed out.
+    handed: HashMap<V, u32>,
+    /// When each value entered, in milliseconds since the case began.
+    entered: HashMap<V, u64>,
+    /// Values a batch cap split from the ones before them: their delivery may report an
+    /// earlier `entered`, the time of those before them.
+    split: HashSet<V>,
+    acked: Vec<V>,
+    given_up: Vec<V>,
+    /// Dead letters' values, taken.
+    dead_taken: Vec<V>,
+    /// Values dropped because no receiver was left.
+    lost: Vec<V>,
+    retried: u64,
+    dead_lettered: u64,
+    attempts: [u64; 8],
+}
+
+impl<R> Default for Acks<R> {
+    fn default() -> Self {
+        Acks {
+            flights: Vec::new(),
+            delayed: Vec::new(),
+            dead: VecDeque::new(),
+            handed: HashMap::new(),
+            entered: HashMap::new(),
+            split: HashSet::new(),
+            acked: Vec::new(),
+            given_up: Vec::new(),
+            dead_taken: Vec::new(),
+            lost: Vec::new(),
+            retried: 0,
+            dead_lettered: 0,
+            attempts: [0; 8],
+        }
+    }
+}
+
+/// The counts of `Stats` that the model knows, by name, so that a failure says which.
+#[derive(Debug, PartialEq)]
+struct Counts {
+    pending_values: usize,
+    pending_keys: usize,
+    pending_weight: usize,
+    sent: u64,
+    in_flight_keys: usize,
+    in_flight_values: usize,
+    acked: u64,
+    retried: u64,
+    given_up: u64,
+    dead_lettered: u64,
+    dead_letters: usize,
+    attempts: [u64; 8],
+    lost: u64,
+}
+
+impl From<Stats> for Counts {
+    fn from(s: Stats) -> Self {
+        Counts {
+            pending_values: s.pending_values,
+            pending_keys: s.pending_keys,
+            pending_weight: s.pending_weight,
+            sent: s.sent,
+            in_flight_keys: s.in_flight_keys,
+            in_flight_values: s.in_flight_values,
+            acked: s.acked,
+            retried: s.retried,
+            given_up: s.given_up,
+            dead_lettered: s.dead_lettered,
+            dead_letters: s.dead_letters,
+            attempts: s.attempts,
+            lost: s.lost,
+        }
+    }
 }
 
 /// The real channel, its handles and futures, and the model of what they should do.
-struct Harness<F: Modelled> {
+struct Harness<F: Modelled, M: Mode<F>> {
     fl: F,
     limits: Limits,
     /// Milliseconds since the case began.
     now: u64,
     base: Instant,
     model: Model<F::Rank>,
+    acks: Acks<F::Rank>,
     closed: bool,
     /// When it closed, in milliseconds since the case began.
     closed_at: Option<u64>,
@@ -729,7 +1099,14 @@ struct Harness<F: Modelled> {
     /// Live `Sender` values: the handles in `txs`, plus the clone inside each waiting send.
     senders: usize,
     txs: Vec<F::Tx>,
-    rxs: Vec<RxSlot<F>>,
+    rxs: Vec<RxSlot<F, M>>,
+    /// Dead-letter streams: two clones, in an acknowledging channel.
+    dead: Vec<DeadSlot>,
+    /// A known bug, left out of the wake-up checks: the last receiver went after the
+    /// channel closed, which wakes no waiting dead-letter stream for its end, and no
+    /// decision has ended the stream since, which does (see
+    /// `dead_letters_end_when_the_last_receiver_goes_after_close`).
+    dead_unwoken: bool,
     /// Waiting sends, in both lines.
     sends: VecDeque<WaitingSend<F>>,
     /// The next ticket for a send that joins a line.
@@ -740,15 +1117,21 @@ struct Harness<F: Modelled> {
     step: usize,
 }
 
-impl<F: Modelled> Harness<F> {
+impl<F: Modelled, M: Mode<F>> Harness<F, M> {
     fn new(fl: F, limits: Limits, weights: Weights) -> Self {
-        let (tx, rx) = fl.build(&limits, weigher(weights));
+        let (tx, rx) = M::build(&fl, &limits, weights);
+        let dead = M::dead_letters(&rx).map_or_else(Vec::new, |dead| vec![dead.clone(), dead]);
+        let dead = dead.into_iter().map(|dead| DeadSlot {
+            dead: Rc::new(RefCell::new(dead)),
+            recv: None,
+        });
         Harness {
             fl,
             limits,
             now: 0,
             base: Instant::now(),
             model: Model::new(weights),
+            acks: Acks::default(),
             closed: false,
             closed_at: None,
             terminated: false,
@@ -758,6 +1141,8 @@ impl<F: Modelled> Harness<F> {
                 rx: Rc::new(RefCell::new(rx)),
                 recv: None,
             }],
+            dead: dead.collect(),
+            dead_unwoken: false,
             sends: VecDeque::new(),
             tickets: 0,
             delivered: Vec::new(),
@@ -779,12 +1164,21 @@ impl<F: Modelled> Harness<F> {
             .find(|&i| self.rxs[i].recv.is_none())
     }
 
+    /// A dead-letter stream with no `recv` in flight, starting the search at `ix`.
+    fn idle_dead(&self, ix: usize) -> Option<usize> {
+        let n = self.dead.len();
+        (0..n)
+            .map(|i| (ix + i) % n)
+            .find(|&i| self.dead[i].recv.is_none())
+    }
+
     /// A value enters the channel now.
     fn enter(&mut self, arg: F::Arg, key: K, value: V) {
         let (fl, now, limits, base) = (&self.fl, self.now, &self.limits, self.base);
         self.model.insert(key, vec![value], false, |len, weight| {
             fl.rank(arg, now, len, weight, limits, base)
         });
+        self.acks.entered.insert(value, now);
     }
 
     /// The channel closes now, if it is open.
@@ -803,20 +1197,104 @@ impl<F: Modelled> Harness<F> {
         }
     }
 
-    /// What a receiver gets now: `None` if it must wait, `Some(None)` at the end of the
-    /// stream, else the batch (taken from the model).
-    fn take_batch(&mut self) -> Option<Option<Batch<K, V>>> {
+    /// Values outside the queue that count toward `capacity` and `max_weight`, and their
+    /// weight: deliveries in flight, and dead letters not yet taken.
+    fn outside(&self) -> (usize, usize) {
+        let flying = self.acks.flights.iter().map(|f| &f.values);
+        let dead = self.acks.dead.iter().map(|(_, values, _)| values);
+        let values = flying.chain(dead).flatten();
+        values.fold((0, 0), |(n, w), &v| (n + 1, w + self.model.weigh(v)))
+    }
+
+    /// Whether the stream has ended: the channel is closed, nothing is pending, and
+    /// nothing is in flight.
+    fn drained(&self) -> bool {
+        self.closed && self.model.len() == 0 && self.acks.flights.is_empty()
+    }
+
+    /// Whether a receiver that asks now gets something: a batch (a held retry whose delay
+    /// is over, or a due key) or the end of the stream.
+    fn can_receive(&self) -> bool {
+        let (closed, now) = (self.closed, self.now);
+        let released = self
+            .acks
+            .delayed
+            .iter()
+            .any(|&(at, ..)| closed || at <= now);
+        let due = self
+            .model
+            .front_rank()
+            .is_some_and(|rank| closed || F::is_due(&rank, now));
+        let ended = closed && self.acks.flights.is_empty();
+        released || due || ended
+    }
+
+    /// Ends the holds of retries whose delay is over, or of all of them once closed.
+    fn release_retries(&mut self) {
+        let (closed, now) = (self.closed, self.now);
+        let model = &mut self.model;
+        self.acks.delayed.retain(|&(at, key, rank)| {
+            let over = closed || at <= now;
+            if over {
+                model.release(key, Some(F::retried(rank, now)));
+            }
+            !over
+        });
+    }
+
+    /// Takes a batch from the model: due keys, or (`all`) every key. In an acknowledging
+    /// channel, held retries whose delay is over come back first, and each key taken goes
+    /// into flight, held.
+    fn take(&mut self, all: bool) -> Vec<M::Seen> {
+        if M::ACKED {
+            self.release_retries();
+        }
         let (closed, now) = (self.closed, self.now);
         let limits = &self.limits;
-        let batch = self
-            .model
-            .pop(limits.max_batch(), limits.max_batch_weight(), |rank| {
-                closed || F::is_due(rank, now)
-            });
+        let taken = self.model.take(
+            limits.max_batch(),
+            limits.max_batch_weight(),
+            |rank| all || closed || F::is_due(rank, now),
+            M::ACKED,
+        );
+        taken.into_iter().map(|t| self.hand_out(t)).collect()
+    }
+
+    /// Hands out what the model took: as a plain batch entry, or as a delivery in flight,
+    /// each value handed out once more.
+    fn hand_out(&mut self, taken: Taken<F::Rank>) -> M::Seen {
+        let Taken { key, values, rank } = taken;
+        if !M::ACKED {
+            self.delivered.push((key, values.clone()));
+            return M::seen(key, values, 1);
+        }
+        let acks = &mut self.acks;
+        // Counts only fall from front to back: the first value's is the attempt's.
+        let attempt = 1 + acks.handed.get(&values[0]).copied().unwrap_or(0);
+        for &value in &values {
+            *acks.handed.entry(value).or_default() += 1;
+        }
+        acks.attempts[(attempt as usize - 1).min(7)] += 1;
+        // A held key keeps what a split left of it.
+        let entry = self.model.entries.iter().find(|e| e.key == key);
+        acks.split.extend(entry.into_iter().flat_map(|e| &e.values));
+        acks.flights.push(Flight {
+            key,
+            values: values.clone(),
+            attempt,
+            rank,
+            delivery: None,
+        });
+        M::seen(key, values, attempt)
+    }
+
+    /// What a receiver gets now: `None` if it must wait, `Some(None)` at the end of the
+    /// stream, else the batch (taken from the model).
+    fn take_batch(&mut self) -> Option<Option<Vec<M::Seen>>> {
+        let batch = self.take(false);
         if !batch.is_empty() {
-            self.delivered.extend(batch.iter().cloned());
             Some(Some(batch))
-        } else if closed {
+        } else if self.closed && self.acks.flights.is_empty() {
             self.terminated = true;
             Some(None)
         } else {
@@ -824,16 +1302,129 @@ impl<F: Modelled> Harness<F> {
         }
     }
 
+    /// Checks what a receive got (`None`: it waits; `Some(None)`: the end of the stream)
+    /// against the model, and keeps the deliveries.
+    fn receive(&mut self, got: Option<Option<Got<F, M>>>, what: &str) {
+        let want = self.take_batch();
+        let seen = got.as_ref().map(|out| out.as_ref().map(M::entries));
+        assert_eq!(seen, want, "step {}: {what}", self.step);
+        if let Some(Some(batch)) = got {
+            self.keep(batch);
+        }
+    }
+
+    /// Keeps a batch's deliveries beside their flights, which the model just took, and
+    /// checks when each says its values entered: exactly when the first did, unless a
+    /// batch cap split it from the values before it.
+    fn keep(&mut self, batch: Got<F, M>) {
+        let step = self.step;
+        let Acks {
+            flights,
+            entered,
+            split,
+            ..
+        } = &mut self.acks;
+        let mut unkept = flights.iter_mut().filter(|f| f.delivery.is_none());
+        for delivery in M::deliveries(batch) {
+            let flight = unkept.next().expect("a flight for each delivery");
+            let first = flight.values[0];
+            let at = self.base + ms(entered[&first]);
+            match split.contains(&first) {
+                false => assert_eq!(delivery.entered(), at, "step {step}: entered"),
+                true => assert!(delivery.entered() <= at, "step {step}: entered, split"),
+            }
+            flight.delivery = Some(delivery);
+        }
+    }
+
+    /// Decides the delivery in flight at `at`, on the channel and in the model.
+    fn decide(&mut self, at: usize, how: How) {
+        let step = self.step;
+        let mut flight = self.acks.flights.remove(at);
+        let delivery = flight.delivery.take().expect("a kept delivery");
+        let decided = match how {
+            How::Ack => delivery.ack().now_or_never(),
+            How::GiveUp => {
+                let back = delivery.give_up().now_or_never();
+                let want = (flight.key, flight.values.clone());
+                back.map(|back| back.map(|got| assert_eq!(got, want, "step {step}: give_up")))
+            }
+            How::Retry => delivery.retry().now_or_never(),
+            How::RetryAfter(delay) => delivery.retry_after(ms(u64::from(delay))).now_or_never(),
+            How::Drop => {
+                drop(delivery);
+                Some(Ok(()))
+            }
+        };
+        match decided {
+            Some(Ok(())) => {}
+            other => panic!("step {step}: {how:?} did not take effect at once: {other:?}"),
+        }
+        self.decided(flight, how);
+        if self.drained() {
+            // The stream has ended: the channel wakes the dead-letter streams for it.
+            self.dead_unwoken = false;
+        }
+    }
+
+    /// The model's side of a decision.
+    fn decided(&mut self, flight: Flight<F::Rank>, how: How) {
+        let Flight {
+            key,
+            values,
+            attempt,
+            rank,
+            ..
+        } = flight;
+        let acks = &mut self.acks;
+        let delay = match how {
+            How::Ack | How::GiveUp => {
+                match how {
+                    How::Ack => acks.acked.extend(&values),
+                    _ => acks.given_up.extend(&values),
+                }
+                return self.model.release(key, None);
+            }
+            How::Retry | How::Drop => 0,
+            How::RetryAfter(delay) => u64::from(delay),
+        };
+        if self.rxs.is_empty() {
+            // No one can receive them: dropped, with the key's slot.
+            acks.lost.extend(values);
+        } else if attempt >= self.limits.max_attempts() {
+            acks.dead_lettered += values.len() as u64;
+            acks.dead.push_back((key, values, attempt));
+            self.model.release(key, None);
+        } else {
+            acks.retried += values.len() as u64;
+            self.model.give_back(key, values);
+            match delay == 0 || self.closed {
+                true => self.model.release(key, Some(F::retried(rank, self.now))),
+                false => acks.delayed.push((self.now + delay, key, rank)),
+            }
+        }
+    }
+
+    /// What a dead-letter stream gets now: `None` if it must wait, `Some(None)` at its end.
+    fn take_dead(&mut self) -> Option<Option<Letter>> {
+        if let Some(letter) = self.acks.dead.pop_front() {
+            self.acks.dead_taken.extend(&letter.1);
+            return Some(Some(letter));
+        }
+        (self.rxs.is_empty() || self.drained()).then_some(None)
+    }
+
     /// Whether the send at `at` (or a new one, for `None`) of `value` for `key` may go in
     /// now on an open channel; if not, the line it waits in.
     ///
-    /// - Room: fewer than `capacity` values are pending; nothing is pending or the value
-    ///   keeps the pending weight at or under `max_weight`; and no earlier send waits for
-    ///   room. A send already in the key line had its turn for room, and waits there.
-    /// - Then, with `max_keys` set, a key slot: for a pending key, no earlier send of the
-    ///   same key waits in the key line (values of a key go in in the order they were sent);
-    ///   for a new key, fewer than `max_keys` keys are pending and no earlier send waits
-    ///   in the key line.
+    /// - Room: fewer than `capacity` values are pending or outside (in flight, dead
+    ///   letters); none is, or the value keeps their weight at or under `max_weight`; and
+    ///   no earlier send waits for room. A send already in the key line had its turn for
+    ///   room, and waits there.
+    /// - Then, with `max_keys` set, a key slot: for a key that has one (pending or held),
+    ///   no earlier send of the same key waits in the key line (values of a key go in in
+    ///   the order they were sent); for a new key, fewer than `max_keys` keys have slots
+    ///   and no earlier send waits in the key line.
     fn admit(&self, at: Option<usize>, key: K, value: V) -> Result<(), Line> {
         let my_turn = |line: Line| {
             let first = (0..self.sends.len())
@@ -842,8 +1433,11 @@ impl<F: Modelled> Harness<F> {
             first.is_none() || first == at
         };
         let (limits, model) = (&self.limits, &self.model);
-        let fits = model.len() == 0 || model.weight() + model.weigh(value) <= limits.max_weight();
-        let room = model.len() < limits.capacity() && fits;
+        let (outside, outside_weight) = self.outside();
+        let len = model.len() + outside;
+        let weight = model.weight() + outside_weight + model.weigh(value);
+        let fits = len == 0 || weight <= limits.max_weight();
+        let room = len < limits.capacity() && fits;
         // A send already in the key line had its turn for room: it waits there for room too.
         let in_key_line = at.is_some_and(|i| self.sends[i].line == Line::Key);
         if in_key_line && !room {
@@ -860,9 +1454,9 @@ impl<F: Modelled> Harness<F> {
             .sends
             .iter()
             .any(|s| s.line == Line::Key && s.key == key && s.sent < mine);
-        let turn = match model.is_pending(key) {
+        let turn = match model.has_slot(key) {
             true => !earlier_same_key,
-            false => model.key_count() < limits.max_keys() && my_turn(Line::Key),
+            false => model.slot_count() < limits.max_keys() && my_turn(Line::Key),
         };
         match turn {
             true => Ok(()),
@@ -958,24 +1552,16 @@ impl<F: Modelled> Harness<F> {
             Op::Advance(_) => unreachable!("advanced by the caller"),
             Op::TryRecv(ix) => {
                 let Some(at) = self.idle_rx(ix) else { return };
-                let got = F::try_recv(&mut self.rxs[at].rx.borrow_mut());
-                let want = match self.take_batch() {
-                    Some(Some(batch)) => Ok(batch),
-                    Some(None) => Err(TryRecvError::Disconnected),
-                    None => Err(TryRecvError::Empty),
-                };
-                assert_eq!(got, want, "step {step}: try_recv");
+                let got = self.rxs[at].rx.borrow_mut().try_recv();
+                self.receive(outcome(got), "try_recv");
             }
             Op::Recv(ix) => {
                 let Some(at) = self.idle_rx(ix) else { return };
-                let mut task = spawn(recv::<F>(Rc::clone(&self.rxs[at].rx)));
-                let got = task.poll();
-                let want = match self.take_batch() {
-                    Some(out) => Poll::Ready(out),
-                    None => Poll::Pending,
-                };
-                assert_eq!(got, want, "step {step}: recv");
-                if got.is_pending() {
+                let mut task = spawn(recv(Rc::clone(&self.rxs[at].rx)));
+                let got = ready(task.poll());
+                let waits = got.is_none();
+                self.receive(got, "recv");
+                if waits {
                     self.rxs[at].recv = Some(task);
                 }
             }
@@ -994,8 +1580,11 @@ impl<F: Modelled> Harness<F> {
                     false => self.delivered.swap_remove(pick % self.delivered.len()),
                 };
                 let arg = self.fl.arg(input, false, self.now, self.base);
-                let got = F::requeue(&self.rxs[at].rx.borrow(), arg, key, values.clone())
-                    .map_err(|err| err.0);
+                let rx = self.rxs[at].rx.borrow();
+                let Some(got) = M::requeue(&rx, arg, key, values.clone()) else {
+                    return;
+                };
+                drop(rx);
                 let want = if self.terminated {
                     Err(F::back(arg, key, values))
                 } else {
@@ -1005,9 +1594,48 @@ impl<F: Modelled> Harness<F> {
                 };
                 assert_eq!(got, want, "step {step}: requeue");
             }
+            Op::Decide { pick, how } => {
+                if !self.acks.flights.is_empty() {
+                    self.decide(pick % self.acks.flights.len(), how);
+                }
+            }
+            Op::DrainNow(ix) => {
+                let Some(at) = self.idle_rx(ix) else { return };
+                let got = self.rxs[at].rx.borrow_mut().drain_now();
+                let want: Vec<_> = std::iter::from_fn(|| Some(self.take(true)))
+                    .take_while(|batch| !batch.is_empty())
+                    .collect();
+                let seen: Vec<_> = got.iter().map(M::entries).collect();
+                assert_eq!(seen, want, "step {step}: drain_now");
+                got.into_iter().for_each(|batch| self.keep(batch));
+            }
+            Op::TryRecvDead(ix) => {
+                let Some(at) = self.idle_dead(ix) else { return };
+                let got = self.dead[at].dead.borrow_mut().try_recv();
+                let want = self.take_dead();
+                assert_eq!(outcome(got.map(letter)), want, "step {step}: dead try_recv");
+            }
+            Op::RecvDead(ix) => {
+                let Some(at) = self.idle_dead(ix) else { return };
+                let mut task = spawn(recv_dead(Rc::clone(&self.dead[at].dead)));
+                let got = ready(task.poll());
+                let want = self.take_dead();
+                assert_eq!(got, want, "step {step}: dead recv");
+                if got.is_none() {
+                    self.dead[at].recv = Some(task);
+                }
+            }
+            Op::CancelRecvDead(ix) => {
+                let waiting: Vec<usize> = (0..self.dead.len())
+                    .filter(|&i| self.dead[i].recv.is_some())
+                    .collect();
+                if let Some(&at) = waiting.get(ix % waiting.len().max(1)) {
+                    self.dead[at].recv = None;
+                }
+            }
             Op::Close(ix) => {
                 let Some(at) = self.idle_rx(ix) else { return };
-                F::close(&self.rxs[at].rx.borrow());
+                self.rxs[at].rx.borrow().close();
                 self.close_now();
             }
             Op::CloneTx(ix) => {
@@ -1042,9 +1670,15 @@ impl<F: Modelled> Harness<F> {
                 drop(slot.recv);
                 drop(slot.rx);
                 if self.rxs.is_empty() {
-                    // No one can receive: sends fail, and what was pending is dropped.
+                    // No one can receive: sends fail, and what was pending is dropped,
+                    // the dead letters with it.
+                    self.dead_unwoken = self.closed;
                     self.close_now();
-                    self.model.entries.clear();
+                    let pending = self.model.entries.drain(..).flat_map(|e| e.values);
+                    let acks = &mut self.acks;
+                    let dead = acks.dead.drain(..).flat_map(|(_, values, _)| values);
+                    acks.lost.extend(pending.chain(dead));
+                    acks.delayed.clear();
                 }
             }
             Op::Settle => self.settle(),
@@ -1099,15 +1733,27 @@ impl<F: Modelled> Harness<F> {
                 if !task.is_woken() {
                     continue;
                 }
-                let got = task.poll();
-                let want = match self.take_batch() {
-                    Some(out) => Poll::Ready(out),
-                    None => Poll::Pending,
-                };
-                assert_eq!(got, want, "step {step}: woken recv on receiver {at}");
+                let got = ready(task.poll());
+                let done = got.is_some();
+                self.receive(got, &format!("woken recv on receiver {at}"));
                 polled = true;
-                if got.is_ready() {
+                if done {
                     self.rxs[at].recv = None;
+                }
+            }
+            for at in 0..self.dead.len() {
+                let Some(task) = &mut self.dead[at].recv else {
+                    continue;
+                };
+                if !task.is_woken() {
+                    continue;
+                }
+                let got = ready(task.poll());
+                let want = self.take_dead();
+                assert_eq!(got, want, "step {step}: woken dead recv {at}");
+                polled = true;
+                if got.is_some() {
+                    self.dead[at].recv = None;
                 }
             }
             if !polled {
@@ -1116,14 +1762,14 @@ impl<F: Modelled> Harness<F> {
         }
         // Nothing is woken now. A future that could go on must not be left waiting.
         //
-        // Except one: a send waiting for a key slot whose key has since become pending (a
-        // send ahead of it for the same key got a slot, or the key was requeued) goes in
-        // when it is next polled, wherever it stands in line, but nothing wakes it for
-        // that: it is woken when its turn for a slot comes. Its outcome is checked
-        // whenever it is polled, but it is left out here.
+        // Except one: a send waiting for a key slot whose key has since got one (a send
+        // ahead of it for the same key got a slot, or the key was requeued) goes in when
+        // it is next polled, wherever it stands in line, but nothing wakes it for that: it
+        // is woken when its turn for a slot comes. Its outcome is checked whenever it is
+        // polled, but it is left out here.
         for at in 0..self.sends.len() {
             let send = &self.sends[at];
-            if !self.closed && send.line == Line::Key && self.model.is_pending(send.key) {
+            if !self.closed && send.line == Line::Key && self.model.has_slot(send.key) {
                 continue;
             }
             assert!(
@@ -1131,15 +1777,18 @@ impl<F: Modelled> Harness<F> {
                 "step {step}: send {at} can go on but was not woken"
             );
         }
-        let batch_ready = self.closed
-            || self
-                .model
-                .front_rank()
-                .is_some_and(|rank| F::is_due(&rank, self.now));
         let waiting = self.rxs.iter().filter(|slot| slot.recv.is_some()).count();
         assert!(
-            !(batch_ready && waiting > 0),
+            !(self.can_receive() && waiting > 0),
             "step {step}: a batch is ready but none of {waiting} waiting receivers was woken"
+        );
+        let ended = self.drained() || self.rxs.is_empty();
+        let dead_ready = !self.acks.dead.is_empty() || ended;
+        let waiting = self.dead.iter().filter(|slot| slot.recv.is_some()).count();
+        assert!(
+            !(dead_ready && waiting > 0) || self.dead_unwoken,
+            "step {step}: a dead letter or the end is ready but none of {waiting} waiting \
+             dead-letter streams was woken"
         );
     }
 
@@ -1158,53 +1807,133 @@ impl<F: Modelled> Harness<F> {
                 "step {step}: sender len, is_closed"
             );
         }
+        let release = self.acks.delayed.iter().map(|&(at, ..)| at).min();
         for slot in self.rxs.iter().filter(|slot| slot.recv.is_none()) {
             let rx = slot.rx.borrow();
             let want = (self.model.len(), self.model.key_count(), self.closed);
             assert_eq!(
-                F::rx_state(&rx),
+                rx.state(),
                 want,
                 "step {step}: receiver len, key_count, is_closed"
             );
             let front = self.model.front_rank();
-            let (got, want) = self.fl.deadlines(&rx, front, self.closed_at, self.base);
+            let (got, want) = F::deadlines(&*rx, front, release, self.closed_at, self.base);
             assert_eq!(got, want, "step {step}: next_deadline");
+        }
+        if M::ACKED {
+            if let Some(stats) = self.stats() {
+                assert_eq!(Counts::from(stats), self.counts(), "step {step}: stats");
+            }
+        }
+    }
+
+    /// `stats()` from an idle receiver, or a sender; `None` if no such handle is left.
+    fn stats(&self) -> Option<Stats> {
+        let rx = self.idle_rx(0).map(|at| self.rxs[at].rx.borrow().stats());
+        rx.or_else(|| self.txs.first().map(F::tx_stats))
+    }
+
+    /// The counts the model says `stats()` has.
+    fn counts(&self) -> Counts {
+        let acks = &self.acks;
+        let count = |values: &[V]| values.len() as u64;
+        Counts {
+            pending_values: self.model.len(),
+            pending_keys: self.model.key_count(),
+            pending_weight: self.model.weight(),
+            sent: acks.entered.len() as u64,
+            in_flight_keys: acks.flights.len(),
+            in_flight_values: acks.flights.iter().map(|f| f.values.len()).sum(),
+            acked: count(&acks.acked),
+            retried: acks.retried,
+            given_up: count(&acks.given_up),
+            dead_lettered: acks.dead_lettered,
+            dead_letters: acks.dead.iter().map(|(_, values, _)| values.len()).sum(),
+            attempts: acks.attempts,
+            lost: count(&acks.lost),
         }
     }
 
     /// Closes the channel and drains it with `try_recv`, which must give exactly what the
-    /// model holds and then `Disconnected`.
+    /// model holds and then `Disconnected`. Deliveries are retried once, then
+    /// acknowledged; the dead letters are taken. Then every value sent must be in exactly
+    /// one place.
     fn finish(&mut self) {
         self.settle();
         for slot in &mut self.rxs {
             slot.recv = None;
         }
-        let Some(slot) = self.rxs.first() else {
-            return;
-        };
-        F::close(&slot.rx.borrow());
-        self.close_now();
-        self.settle();
-        assert!(self.sends.is_empty(), "waiting sends outlived the close");
-        loop {
-            let got = F::try_recv(&mut self.rxs[0].rx.borrow_mut());
-            let want = match self.take_batch() {
-                Some(Some(batch)) => Ok(batch),
-                Some(None) => Err(TryRecvError::Disconnected),
-                None => Err(TryRecvError::Empty),
-            };
-            assert_eq!(got, want, "final drain");
-            if got.is_err() {
-                break;
+        for slot in &mut self.dead {
+            slot.recv = None;
+        }
+        if let Some(slot) = self.rxs.first() {
+            slot.rx.borrow().close();
+            self.close_now();
+            self.settle();
+            assert!(self.sends.is_empty(), "waiting sends outlived the close");
+            loop {
+                let got = self.rxs[0].rx.borrow_mut().try_recv();
+                let ended = matches!(got, Err(TryRecvError::Disconnected));
+                self.receive(outcome(got), "final drain");
+                if ended {
+                    break;
+                }
+                self.decide_all();
             }
         }
+        // With no receiver left, deliveries may still be in flight.
+        self.decide_all();
+        if let Some(dead) = self.dead.first().map(|slot| Rc::clone(&slot.dead)) {
+            loop {
+                let got = outcome(dead.borrow_mut().try_recv().map(letter));
+                let want = self.take_dead();
+                assert_eq!(got, want, "final dead letters");
+                if got.is_none_or(|letter| letter.is_none()) {
+                    break;
+                }
+            }
+        }
+        self.step += 1;
+        self.check();
+        if M::ACKED {
+            self.check_fates();
+        }
+    }
+
+    /// Decides every delivery in flight: retried after a delay (the close makes it due at
+    /// once) on its first attempt, acknowledged after that.
+    fn decide_all(&mut self) {
+        while let Some(flight) = self.acks.flights.first() {
+            let how = match flight.attempt {
+                1 => How::RetryAfter(50),
+                _ => How::Ack,
+            };
+            self.decide(0, how);
+        }
+    }
+
+    /// Every value sent is in exactly one place: acknowledged, given up, a dead letter
+    /// (taken or waiting), lost, pending, or in flight. (Not for plain channels, whose
+    /// values leave when delivered, and may come back with `requeue`.)
+    fn check_fates(&self) {
+        let acks = &self.acks;
+        let pending = self.model.entries.iter().flat_map(|e| &e.values);
+        let flying = acks.flights.iter().flat_map(|f| &f.values);
+        let dead = acks.dead.iter().flat_map(|(_, values, _)| values);
+        let ended = [&acks.acked, &acks.given_up, &acks.dead_taken, &acks.lost];
+        let places = ended.into_iter().flatten().chain(pending).chain(flying);
+        let mut places: Vec<V> = places.chain(dead).copied().collect();
+        places.sort_unstable();
+        let mut sent: Vec<V> = acks.entered.keys().copied().collect();
+        sent.sort_unstable();
+        assert_eq!(places, sent, "every value sent, in exactly one place");
     }
 }
 
 /// Runs one sequence in a fresh paused runtime.
-fn run_channel<F: Modelled>(fl: F, limits: Limits, weights: Weights, ops: Vec<Op>) {
+fn run_channel<F: Modelled, M: Mode<F>>(fl: F, limits: Limits, weights: Weights, ops: Vec<Op>) {
     paused_runtime().block_on(async move {
-        let mut h = Harness::new(fl, limits, weights);
+        let mut h = Harness::<F, M>::new(fl, limits, weights);
         for (step, op) in ops.into_iter().enumerate() {
             h.step = step;
             match op {
@@ -1234,10 +1963,10 @@ proptest! {
     #[test]
     fn timed_matches_model(
         window in prop_oneof![0..=50u64, Just(1_000u64)],
-        (limits, weights) in limits(true),
-        ops in ops(),
+        (limits, weights) in limits(true, false),
+        ops in ops(false),
     ) {
-        run_channel(Timed { window: ms(window) }, limits, weights, ops);
+        run_channel::<_, Plain>(Timed { window: ms(window) }, limits, weights, ops);
     }
 
     /// The `ordered` channel agrees with the model, as `timed_matches_model` checks it,
@@ -1245,10 +1974,40 @@ proptest! {
     /// too, but not the per-key ones.
     #[test]
     fn ordered_matches_model(
-        (limits, weights) in limits(false),
-        ops in ops(),
+        (limits, weights) in limits(false, false),
+        ops in ops(false),
     ) {
-        run_channel(Ordered, limits, weights, ops);
+        run_channel::<_, Plain>(Ordered, limits, weights, ops);
+    }
+
+    /// The acknowledging `timed` channel agrees with the model, as `timed_matches_model`
+    /// checks the plain one (`requeue` aside), and in its own rules: each key taken is held
+    /// until its delivery is decided (new values join it, not due), `attempt` per
+    /// delivery, `ack`, `give_up` (values handed back), `retry`, `retry_after` (held until
+    /// the delay ends, or the close) and dropping undecided, dead letters past
+    /// `max_attempts` (taken by `try_recv` and by woken `recv`), `drain_now`, `entered`,
+    /// room and key slots returning on the decision, the stream ending only once nothing
+    /// is in flight, every receiver dropped with deliveries out, `next_deadline` with held
+    /// retries, and the `Stats` counts; at the end, every value sent is in exactly one
+    /// place.
+    #[test]
+    fn timed_acked_matches_model(
+        window in prop_oneof![0..=50u64, Just(1_000u64)],
+        (limits, weights) in limits(true, true),
+        ops in ops(true),
+    ) {
+        run_channel::<_, Acking>(Timed { window: ms(window) }, limits, weights, ops);
+    }
+
+    /// The acknowledging `ordered` channel agrees with the model, as
+    /// `timed_acked_matches_model` checks it, with sort keys for ranks: a retried key ranks
+    /// by the sort key it went out with, at the latest.
+    #[test]
+    fn ordered_acked_matches_model(
+        (limits, weights) in limits(false, true),
+        ops in ops(true),
+    ) {
+        run_channel::<_, Acking>(Ordered, limits, weights, ops);
     }
 }
 
@@ -1323,4 +2082,29 @@ async fn sends_in_both_lines_go_in() {
         }
     }
     panic!("no waiting send went into the empty channel");
+}
+
+/// Found by `ordered_acked_matches_model`; not fixed yet, so the model leaves it out (see
+/// `Harness::dead_unwoken`). A dead-letter stream ends once no receiver is left. When the
+/// last receiver goes after the channel closed, a `recv` waiting on the stream is not woken
+/// for its end: the receiver's drop wakes the waiters only by closing the channel, and it
+/// is closed already.
+#[tokio::test]
+#[ignore = "known bug: the last receiver's drop after the close wakes no dead-letter stream"]
+async fn dead_letters_end_when_the_last_receiver_goes_after_close() {
+    let (tx, rx) = ordered::Builder::new().acked::<u8, K, V>();
+    let mut dead = rx.dead_letters();
+    tx.try_send(0, 0, 1).unwrap();
+    rx.close();
+    let mut recv = spawn(dead.recv());
+    assert!(
+        recv.poll().is_pending(),
+        "a value is pending: the stream goes on"
+    );
+    drop(rx);
+    assert!(
+        recv.is_woken(),
+        "the stream ended, but its recv was not woken"
+    );
+    assert_eq!(recv.poll(), Poll::Ready(None));
 }

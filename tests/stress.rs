@@ -8,21 +8,28 @@
 //! means each producer's values of a key came out in order. A single receiver that
 //! requeues must still process each producer's values of a key in order.
 //!
+//! The acknowledging runs decide each delivery at random, and check what their rules
+//! promise: every value leaves exactly once (acknowledged, given up or dead-lettered), each
+//! key's values leave in the order they went in, no key has two deliveries in flight, and
+//! the stats agree.
+//!
 //! These tests use real time (short sleeps race `recv`), and each run is bounded by a
 //! timeout, so a deadlock fails rather than hangs. Op counts are smaller in debug builds;
 //! the figures are in `SCALE`.
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
+use keyed_batch::ack::Delivery;
 use keyed_batch::timed;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, Instant};
 
-use common::flavour::{Due, Flavour, Limits, Ordered, Timed};
+use common::flavour::{Due, Flavour, Limits, Ordered, Receiving, Timed};
 use common::time::{ms, secs};
 
 type Key = u16;
@@ -168,30 +175,39 @@ fn blocking_producer<C: Stressed>(tx: C::Tx, id: u32, plan: Plan) {
     }
 }
 
+/// `recv`; if `raced`, raced against a nap, and cancelled either right after its first
+/// poll or after a nap of up to 2 ms. `None` if it was cancelled.
+async fn recv_raced<R: Receiving<Key, Item>>(
+    rx: &mut R,
+    rng: &mut Rng,
+    raced: bool,
+) -> Option<Option<R::Batch>> {
+    if !raced {
+        return Some(rx.recv().await);
+    }
+    let nap = match rng.below(2) {
+        0 => None,
+        _ => Some(Duration::from_micros(rng.below(2_000))),
+    };
+    tokio::select! {
+        biased;
+        batch = rx.recv() => Some(batch),
+        () = async {
+            if let Some(nap) = nap {
+                sleep(nap).await;
+            }
+        } => None,
+    }
+}
+
 async fn receiver<C: Stressed>(mut rx: C::Rx, seed: u64, plan: Plan, max_batch: usize) -> Taken {
     let mut rng = Rng(seed);
     let mut taken = Taken::default();
     loop {
-        let batch = if rng.below(100) < plan.cancel_pct {
-            // Cancel either right after the first poll, or after a nap of up to 2 ms.
-            let nap = match rng.below(2) {
-                0 => None,
-                _ => Some(Duration::from_micros(rng.below(2_000))),
-            };
-            tokio::select! {
-                biased;
-                batch = C::recv(&mut rx) => batch,
-                () = async {
-                    if let Some(nap) = nap {
-                        sleep(nap).await;
-                    }
-                } => {
-                    taken.cancelled += 1;
-                    continue;
-                }
-            }
-        } else {
-            C::recv(&mut rx).await
+        let raced = rng.below(100) < plan.cancel_pct;
+        let Some(batch) = recv_raced(&mut rx, &mut rng, raced).await else {
+            taken.cancelled += 1;
+            continue;
         };
         let Some(batch) = batch else { break };
         taken.batches += 1;
@@ -223,12 +239,10 @@ async fn receiver<C: Stressed>(mut rx: C::Rx, seed: u64, plan: Plan, max_batch: 
     taken
 }
 
-/// Runs producers and receivers to the end of the stream and returns what each receiver
-/// took, after checking exactly-once delivery.
-async fn run<C: Stressed>(chan: C, limits: Limits, plan: Plan) -> Vec<Taken> {
-    let (tx, rx) = chan.build(&limits, None);
-    let max_batch = limits.max_batch();
-    let producers: Vec<JoinHandle<()>> = (0..plan.producers)
+/// Spawns the producers, each with a clone of `tx`: the first on a plain thread with
+/// `blocking_send`, the others as tasks.
+fn spawn_producers<C: Stressed>(tx: C::Tx, plan: Plan) -> Vec<JoinHandle<()>> {
+    (0..plan.producers)
         .map(|id| {
             let tx = tx.clone();
             match id {
@@ -236,8 +250,15 @@ async fn run<C: Stressed>(chan: C, limits: Limits, plan: Plan) -> Vec<Taken> {
                 _ => tokio::spawn(producer::<C>(tx, id, plan)),
             }
         })
-        .collect();
-    drop(tx);
+        .collect()
+}
+
+/// Runs producers and receivers to the end of the stream and returns what each receiver
+/// took, after checking exactly-once delivery.
+async fn run<C: Stressed>(chan: C, limits: Limits, plan: Plan) -> Vec<Taken> {
+    let (tx, rx) = chan.build(&limits, None);
+    let max_batch = limits.max_batch();
+    let producers = spawn_producers::<C>(tx, plan);
     let receivers: Vec<JoinHandle<Taken>> = (0..plan.receivers)
         .map(|i| tokio::spawn(receiver::<C>(rx.clone(), 1_000 + i as u64, plan, max_batch)))
         .collect();
@@ -256,7 +277,8 @@ async fn run<C: Stressed>(chan: C, limits: Limits, plan: Plan) -> Vec<Taken> {
     let taken = timeout(LIMIT, work)
         .await
         .expect("stress run did not finish: deadlock or lost wake-up");
-    check_exactly_once(&taken, plan);
+    let entries = taken.iter().flat_map(|t| &t.entries);
+    check_exactly_once(entries.map(|(key, items)| (*key, items)), plan);
     eprintln!(
         "{} values, {} batches, {} recv cancelled, {} entries requeued, {:?}",
         plan.producers as usize * plan.per_producer,
@@ -268,14 +290,13 @@ async fn run<C: Stressed>(chan: C, limits: Limits, plan: Plan) -> Vec<Taken> {
     taken
 }
 
-/// Every value sent was taken exactly once, under the key it was sent to.
-fn check_exactly_once(taken: &[Taken], plan: Plan) {
+/// Every value sent came `out` exactly once, under the key it was sent to.
+fn check_exactly_once<'a>(out: impl IntoIterator<Item = (Key, &'a Vec<Item>)>, plan: Plan) {
     let mut seen = vec![vec![false; plan.per_producer]; plan.producers as usize];
     let mut count = 0;
-    for (key, item) in taken
-        .iter()
-        .flat_map(|t| &t.entries)
-        .flat_map(|(key, items)| items.iter().map(move |item| (*key, *item)))
+    for (key, item) in out
+        .into_iter()
+        .flat_map(|(key, items)| items.iter().map(move |item| (key, *item)))
     {
         assert_eq!(
             key,
@@ -647,4 +668,378 @@ async fn close_races() {
     timeout(LIMIT, work)
         .await
         .expect("a closing race deadlocked or lost a wake-up");
+}
+
+// ===== acknowledging receivers =====
+
+/// Deliveries are retried at most this many times, then dead-lettered.
+const MAX_ATTEMPTS: u32 = 3;
+
+/// What became of a delivery's values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fate {
+    Acked,
+    GivenUp,
+    /// Retried (by `retry`, `retry_after` or a drop): they come back.
+    Retried,
+    /// Retried once too often: they went to the dead letters.
+    Dead,
+}
+
+/// One delivery and its decision, as an acknowledging receiver saw them.
+#[derive(Debug)]
+struct Decision {
+    /// Its place among all decisions. A key's deliveries are decided one at a time, each
+    /// before the next goes out, so this orders each key's.
+    order: u64,
+    key: Key,
+    items: Vec<Item>,
+    attempt: u32,
+    fate: Fate,
+}
+
+/// What every acknowledging receiver shares: what they watch across tasks.
+struct Watch {
+    /// Per key: a delivery of it is out, from its receipt until its decision.
+    flying: Vec<AtomicBool>,
+    /// Per value (`producer * per_producer + seq`): how many times it was handed out.
+    handed: Vec<AtomicU32>,
+    /// The next decision's order.
+    order: AtomicU64,
+    plan: Plan,
+}
+
+impl Watch {
+    fn new(plan: Plan) -> Self {
+        let values = plan.producers as usize * plan.per_producer;
+        Watch {
+            flying: (0..plan.keys).map(|_| AtomicBool::new(false)).collect(),
+            handed: (0..values).map(|_| AtomicU32::new(0)).collect(),
+            order: AtomicU64::new(0),
+            plan,
+        }
+    }
+
+    fn handed(&self, item: &Item) -> &AtomicU32 {
+        &self.handed[item.producer as usize * self.plan.per_producer + item.seq as usize]
+    }
+
+    /// A delivery came out: no other delivery of its key may be out, and its attempt is one
+    /// more than the times its first value was handed out before.
+    fn receipt(&self, delivery: &Delivery<Key, Item>) {
+        let key = *delivery.key();
+        let twice = self.flying[usize::from(key)].swap(true, Ordering::SeqCst);
+        assert!(!twice, "key {key}: two deliveries in flight at once");
+        let first = &delivery.values()[0];
+        let before = self.handed(first).load(Ordering::SeqCst);
+        assert_eq!(
+            delivery.attempt(),
+            before + 1,
+            "key {key}: attempt of {first:?}"
+        );
+        for item in delivery.values() {
+            self.handed(item).fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// What one acknowledging receiver did.
+#[derive(Default)]
+struct Acks {
+    decisions: Vec<Decision>,
+    batches: usize,
+    cancelled: usize,
+}
+
+impl Acks {
+    /// Decides `delivery` at random, recording the decision first, while its key is still in
+    /// flight.
+    fn decide(&mut self, delivery: Delivery<Key, Item>, rng: &mut Rng, watch: &Watch) {
+        let (key, attempt) = (*delivery.key(), delivery.attempt());
+        let r = rng.below(20);
+        let fate = match r {
+            0..=11 => Fate::Acked,
+            12 | 13 => Fate::GivenUp,
+            _ if attempt >= MAX_ATTEMPTS => Fate::Dead,
+            _ => Fate::Retried,
+        };
+        let items = delivery.values().to_vec();
+        self.decisions.push(Decision {
+            order: watch.order.fetch_add(1, Ordering::SeqCst),
+            key,
+            items: items.clone(),
+            attempt,
+            fate,
+        });
+        // The key's next delivery goes out only once this one is decided, below.
+        watch.flying[usize::from(key)].store(false, Ordering::SeqCst);
+        // Each decision resolves at once in memory.
+        let decided = match r {
+            0..=11 => delivery.ack().now_or_never(),
+            12 | 13 => {
+                let back = delivery.give_up().now_or_never();
+                back.map(|back| back.map(|back| assert_eq!(back, (key, items), "given up")))
+            }
+            14 | 15 => delivery.retry().now_or_never(),
+            16 | 17 => {
+                let delay = Duration::from_micros(rng.below(2_000));
+                delivery.retry_after(delay).now_or_never()
+            }
+            _ => {
+                drop(delivery);
+                Some(Ok(()))
+            }
+        };
+        assert!(
+            matches!(decided, Some(Ok(()))),
+            "key {key}: a decision did not take effect at once: {decided:?}"
+        );
+    }
+}
+
+/// An acknowledging receiver that cancels `recv` at random, decides each delivery at
+/// random, and keeps one delivery in eight undecided over its next `recv` if that is
+/// raced, so that its key stays in flight meanwhile.
+async fn acker<C: Stressed>(mut rx: C::AckRx, seed: u64, watch: Arc<Watch>) -> Acks {
+    let mut rng = Rng(seed);
+    let mut acks = Acks::default();
+    let mut kept: Vec<Delivery<Key, Item>> = Vec::new();
+    loop {
+        let raced = rng.below(100) < watch.plan.cancel_pct;
+        if !raced {
+            // A `recv` that is not cancelled may wait for the keys kept in flight here.
+            kept.drain(..)
+                .for_each(|d| acks.decide(d, &mut rng, &watch));
+        }
+        let got = recv_raced(&mut rx, &mut rng, raced).await;
+        kept.drain(..)
+            .for_each(|d| acks.decide(d, &mut rng, &watch));
+        let Some(batch) = got else {
+            acks.cancelled += 1;
+            continue;
+        };
+        let Some(batch) = batch else { break };
+        acks.batches += 1;
+        assert!(!batch.is_empty(), "empty batch");
+        batch.iter().for_each(|delivery| watch.receipt(delivery));
+        for delivery in batch {
+            match raced && rng.below(8) == 0 {
+                true => kept.push(delivery),
+                false => acks.decide(delivery, &mut rng, &watch),
+            }
+        }
+        if rng.below(8) == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    acks
+}
+
+/// Producers into an acknowledging channel, acknowledging receivers that cancel and decide
+/// at random, and a task that takes the dead letters, to the end of the stream; then checks
+/// what the rules promise (see `check_decisions`) and the stats.
+async fn run_acked<C: Stressed>(chan: C, limits: Limits, plan: Plan) {
+    let (tx, rx) = chan.build_acked(&limits, None);
+    let watch = Arc::new(Watch::new(plan));
+    let producers = spawn_producers::<C>(tx, plan);
+    let mut dead = C::dead_letters(&rx);
+    let dead = tokio::spawn(async move {
+        let mut letters = Vec::new();
+        while let Some(letter) = dead.recv().await {
+            letters.push(letter);
+        }
+        letters
+    });
+    let ackers: Vec<JoinHandle<Acks>> = (0..plan.receivers)
+        .map(|i| tokio::spawn(acker::<C>(rx.clone(), 2_000 + i as u64, Arc::clone(&watch))))
+        .collect();
+    // `rx` stays, never polled, for the stats at the end.
+    let work = async {
+        for p in producers {
+            p.await.expect("producer panicked");
+        }
+        let mut all = Vec::new();
+        for a in ackers {
+            all.push(a.await.expect("receiver panicked"));
+        }
+        (all, dead.await.expect("dead-letter task panicked"))
+    };
+    let start = std::time::Instant::now();
+    let (acks, letters) = timeout(LIMIT, work)
+        .await
+        .expect("stress run did not finish: deadlock or lost wake-up");
+    let batches = acks.iter().map(|a| a.batches).sum::<usize>();
+    let cancelled = acks.iter().map(|a| a.cancelled).sum::<usize>();
+    let mut decisions: Vec<Decision> = acks.into_iter().flat_map(|a| a.decisions).collect();
+    decisions.sort_unstable_by_key(|d| d.order);
+    let count = |fate: Fate| -> u64 {
+        let decided = decisions.iter().filter(|d| d.fate == fate);
+        decided.map(|d| d.items.len() as u64).sum()
+    };
+    eprintln!(
+        "{} values: {} batches, {} deliveries, {} recv cancelled; values acked {}, \
+         given up {}, retried {}, dead {}; {:?}",
+        plan.producers as usize * plan.per_producer,
+        batches,
+        decisions.len(),
+        cancelled,
+        count(Fate::Acked),
+        count(Fate::GivenUp),
+        count(Fate::Retried),
+        count(Fate::Dead),
+        start.elapsed(),
+    );
+    for fate in [Fate::GivenUp, Fate::Retried, Fate::Dead] {
+        assert!(count(fate) > 0, "no value was {fate:?}");
+    }
+    assert!(cancelled > 0, "no recv was cancelled");
+
+    let stats = rx.stats();
+    let mut attempts = [0u64; 8];
+    for d in &decisions {
+        attempts[(d.attempt as usize - 1).min(7)] += 1;
+    }
+    let delivered = decisions.iter().map(|d| d.items.len() as u64).sum::<u64>();
+    let total = (plan.producers as usize * plan.per_producer) as u64;
+    let got = (
+        stats.sent,
+        stats.delivered,
+        stats.batches as usize,
+        stats.attempts,
+    );
+    assert_eq!(
+        got,
+        (total, delivered, batches, attempts),
+        "stats: sent, delivered, ..."
+    );
+    let got = (
+        stats.acked,
+        stats.given_up,
+        stats.retried,
+        stats.dead_lettered,
+    );
+    let want = (
+        count(Fate::Acked),
+        count(Fate::GivenUp),
+        count(Fate::Retried),
+        count(Fate::Dead),
+    );
+    assert_eq!(got, want, "stats: acked, given_up, retried, dead_lettered");
+    let left = (
+        stats.in_flight_keys,
+        stats.in_flight_values,
+        stats.dead_letters,
+        stats.pending_values,
+        stats.lost,
+    );
+    assert_eq!(left, (0, 0, 0, 0, 0), "stats: something left, or lost");
+
+    check_decisions(&decisions, plan);
+    // The dead letters are the values decided to die, each taken once.
+    let mut letters: Vec<_> = letters
+        .into_iter()
+        .map(|l| (l.key, l.values, l.attempts))
+        .collect();
+    let mut died: Vec<_> = decisions
+        .into_iter()
+        .filter(|d| d.fate == Fate::Dead)
+        .map(|d| (d.key, d.items, d.attempt))
+        .collect();
+    letters.sort_unstable();
+    died.sort_unstable();
+    assert!(
+        letters == died,
+        "the dead letters are not the values retried too often"
+    );
+}
+
+/// Checks the decisions, sorted by order, against what the rules promise:
+///
+/// - Each value leaves exactly once (acknowledged, given up or dead-lettered), under its key.
+/// - A delivery is the front of its key's values: values retried come back in front, so a
+///   key's next delivery starts with them, or with the front of them if a batch cap split
+///   them.
+/// - So each key's values leave in the order they went in: each producer's values of a key
+///   in the order it sent them, whatever leaves between them. (Acknowledged values alone
+///   are in order, with gaps where values were given up or dead-lettered.)
+fn check_decisions(decisions: &[Decision], plan: Plan) {
+    let left = decisions.iter().filter(|d| d.fate != Fate::Retried);
+    check_exactly_once(left.map(|d| (d.key, &d.items)), plan);
+    // Per key: the values known to stand at its front, and how far each producer's got.
+    let mut front: Vec<Vec<Item>> = vec![Vec::new(); usize::from(plan.keys)];
+    let mut next = vec![vec![0u32; plan.producers as usize]; usize::from(plan.keys)];
+    for d in decisions {
+        let k = usize::from(d.key);
+        let known = &front[k];
+        let common = known.len().min(d.items.len());
+        assert!(
+            known[..common] == d.items[..common],
+            "key {}: a delivery is not the front of its values: {:?}, front {:?}",
+            d.key,
+            d.items,
+            known
+        );
+        let rest = known[common..].to_vec();
+        if d.fate == Fate::Retried {
+            front[k] = [d.items.clone(), rest].concat();
+            continue;
+        }
+        front[k] = rest;
+        for item in &d.items {
+            let want = &mut next[k][item.producer as usize];
+            assert_eq!(item.nth, *want, "key {}: {item:?} left out of order", d.key);
+            *want += 1;
+        }
+    }
+}
+
+/// Values sent per producer in the acknowledging runs: their receivers do more per value.
+const ACKED_PER_PRODUCER: usize = PER_PRODUCER / 2;
+
+/// Many producers into a bounded acknowledging `timed` channel, four receivers that cancel
+/// `recv`, keep keys in flight over a `recv`, and ack, give up, retry (at once, after a
+/// delay, or by dropping) at random, with `max_attempts`, and a task taking the dead
+/// letters: each value leaves exactly once, each key's values in the order they went in,
+/// no key has two deliveries in flight, attempts count right, and the stats agree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn timed_acked_exactly_once_in_order() {
+    let limits = Limits {
+        capacity: Some(512),
+        max_batch: Some(64),
+        per_key: Some(8),
+        max_attempts: Some(MAX_ATTEMPTS),
+        ..Limits::default()
+    };
+    let plan = Plan {
+        producers: 8,
+        per_producer: ACKED_PER_PRODUCER,
+        receivers: 4,
+        keys: 64,
+        cancel_pct: 20,
+        requeue_pct: 0,
+    };
+    run_acked(Timed { window: ms(1) }, limits, plan).await;
+}
+
+/// As `timed_acked_exactly_once_in_order`, on an `ordered` channel with random sort keys,
+/// and `max_keys` under the number of keys, so that keys in flight hold the slots that
+/// senders wait for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ordered_acked_exactly_once_in_order() {
+    let limits = Limits {
+        capacity: Some(128),
+        max_batch: Some(32),
+        max_keys: Some(24),
+        max_attempts: Some(MAX_ATTEMPTS),
+        ..Limits::default()
+    };
+    let plan = Plan {
+        producers: 8,
+        per_producer: ACKED_PER_PRODUCER,
+        receivers: 4,
+        keys: 32,
+        cancel_pct: 20,
+        requeue_pct: 0,
+    };
+    run_acked(Ordered, limits, plan).await;
 }

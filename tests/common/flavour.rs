@@ -1,6 +1,7 @@
 //! The `timed` and `ordered` channels behind one shape, for tests that run the same
 //! operations on both: [`Flavour`], implemented by [`Timed`] and [`Ordered`], and the
-//! [`Limits`] they are built with.
+//! [`Limits`] they are built with. Each builds a plain channel or an acknowledging one, and
+//! their four receivers have one shape too: [`Receiving`].
 //!
 //! A send carries an `Arg`, what its value ranks by: a [`Due`] in `timed`, a sort key in
 //! `ordered`. Errors hand back what the flavour hands back, sort key included.
@@ -10,8 +11,10 @@ use std::future::Future;
 use std::hash::Hash;
 use std::time::Duration;
 
+use keyed_batch::ack::{DeadLetters, Delivery};
 use keyed_batch::builder::Builder;
 use keyed_batch::error::{SendError, TryRecvError, TrySendError};
+use keyed_batch::stats::Stats;
 use keyed_batch::{ordered, timed, Batch};
 use tokio::time::Instant;
 
@@ -27,6 +30,8 @@ pub(crate) struct Limits {
     pub(crate) max_keys: Option<usize>,
     /// `max_key_weight`: `timed` only.
     pub(crate) key_weight: Option<usize>,
+    /// `max_attempts`: acknowledging channels only.
+    pub(crate) max_attempts: Option<u32>,
 }
 
 impl Limits {
@@ -58,6 +63,10 @@ impl Limits {
         self.key_weight.unwrap_or(usize::MAX)
     }
 
+    pub(crate) fn max_attempts(&self) -> u32 {
+        self.max_attempts.unwrap_or(u32::MAX)
+    }
+
     /// Sets the limits both flavours have.
     fn apply<F, W>(&self, mut builder: Builder<F, W>) -> Builder<F, W> {
         if let Some(n) = self.max_batch {
@@ -75,6 +84,9 @@ impl Limits {
         if let Some(n) = self.max_keys {
             builder = builder.max_keys(n);
         }
+        if let Some(n) = self.max_attempts {
+            builder = builder.max_attempts(n);
+        }
         builder
     }
 }
@@ -91,7 +103,10 @@ pub(crate) trait Flavour<K, V> {
     /// What a refused requeue hands back.
     type Back: PartialEq + Debug;
     type Tx: Clone + Send + Sync + 'static;
-    type Rx: Clone + Send + 'static;
+    /// The plain receiver.
+    type Rx: Receiving<K, V, Batch = Batch<K, V>>;
+    /// The acknowledging receiver.
+    type AckRx: Receiving<K, V, Batch = Vec<Delivery<K, V>>>;
 
     /// A channel with `limits`, weighing values with `weigher` if there is one.
     ///
@@ -99,6 +114,8 @@ pub(crate) trait Flavour<K, V> {
     ///
     /// If a limit is set that the flavour does not have.
     fn build(&self, limits: &Limits, weigher: Option<Weigher<V>>) -> (Self::Tx, Self::Rx);
+    /// As `build`, an acknowledging channel.
+    fn build_acked(&self, limits: &Limits, weigher: Option<Weigher<V>>) -> (Self::Tx, Self::AckRx);
     /// What a refused send hands back.
     fn item(arg: Self::Arg, key: K, value: V) -> Self::Item;
     /// What a refused requeue hands back.
@@ -124,37 +141,102 @@ pub(crate) trait Flavour<K, V> {
         key: K,
         values: Vec<V>,
     ) -> Result<(), SendError<Self::Back>>;
-    fn recv(rx: &mut Self::Rx) -> impl Future<Output = Option<Batch<K, V>>> + Send + '_;
-    fn try_recv(rx: &mut Self::Rx) -> Result<Batch<K, V>, TryRecvError>;
-    fn close(rx: &Self::Rx);
-    /// `len`, `key_count` and `is_closed` of a receiver.
-    fn rx_state(rx: &Self::Rx) -> (usize, usize, bool);
+    fn dead_letters(rx: &Self::AckRx) -> DeadLetters<K, V>;
     /// `len` and `is_closed` of a sender.
     fn tx_state(tx: &Self::Tx) -> (usize, bool);
+    fn tx_stats(tx: &Self::Tx) -> Stats;
 }
+
+/// A receiver, plain or acknowledging, of either flavour, behind one shape: what it hands
+/// out is its `Batch`.
+pub(crate) trait Receiving<K, V>: Clone + Send + 'static {
+    /// A plain `Batch`, or the deliveries of an acknowledging receiver.
+    type Batch: Send;
+
+    fn recv(&mut self) -> impl Future<Output = Option<Self::Batch>> + Send + '_;
+    fn try_recv(&mut self) -> Result<Self::Batch, TryRecvError>;
+    fn drain_now(&mut self) -> Vec<Self::Batch>;
+    fn close(&self);
+    /// `len`, `key_count` and `is_closed`.
+    fn state(&self) -> (usize, usize, bool);
+    fn stats(&self) -> Stats;
+    /// `next_deadline`; `ordered` receivers have none.
+    fn next_deadline(&self) -> Option<Instant>;
+}
+
+/// Implements [`Receiving`] for a receiver type whose methods have these names; `$deadline`
+/// is its `next_deadline`, given the receiver.
+macro_rules! receiving {
+    ($rx:ty, $batch:ty, $deadline:expr) => {
+        impl<K, V> Receiving<K, V> for $rx
+        where
+            K: Hash + Eq + Clone + Send + 'static,
+            V: Send + 'static,
+        {
+            type Batch = $batch;
+
+            fn recv(&mut self) -> impl Future<Output = Option<$batch>> + Send + '_ {
+                <$rx>::recv(self)
+            }
+
+            fn try_recv(&mut self) -> Result<$batch, TryRecvError> {
+                <$rx>::try_recv(self)
+            }
+
+            fn drain_now(&mut self) -> Vec<$batch> {
+                <$rx>::drain_now(self)
+            }
+
+            fn close(&self) {
+                <$rx>::close(self);
+            }
+
+            fn state(&self) -> (usize, usize, bool) {
+                (self.len(), self.key_count(), self.is_closed())
+            }
+
+            fn stats(&self) -> Stats {
+                <$rx>::stats(self)
+            }
+
+            fn next_deadline(&self) -> Option<Instant> {
+                let deadline: fn(&Self) -> Option<Instant> = $deadline;
+                deadline(self)
+            }
+        }
+    };
+}
+
+receiving!(timed::Receiver<K, V>, Batch<K, V>, |rx| rx.next_deadline());
+receiving!(timed::AckReceiver<K, V>, Vec<Delivery<K, V>>, |rx| rx.next_deadline());
+receiving!(ordered::Receiver<u8, K, V>, Batch<K, V>, |_| None);
+receiving!(ordered::AckReceiver<u8, K, V>, Vec<Delivery<K, V>>, |_| None);
 
 /// The methods that read the same in both flavours, whose handles have these methods by the
 /// same names.
 macro_rules! same_in_both_flavours {
     () => {
-        fn recv(rx: &mut Self::Rx) -> impl Future<Output = Option<Batch<K, V>>> + Send + '_ {
-            rx.recv()
-        }
-
-        fn try_recv(rx: &mut Self::Rx) -> Result<Batch<K, V>, TryRecvError> {
-            rx.try_recv()
-        }
-
-        fn close(rx: &Self::Rx) {
-            rx.close();
-        }
-
-        fn rx_state(rx: &Self::Rx) -> (usize, usize, bool) {
-            (rx.len(), rx.key_count(), rx.is_closed())
+        fn dead_letters(rx: &Self::AckRx) -> DeadLetters<K, V> {
+            rx.dead_letters()
         }
 
         fn tx_state(tx: &Self::Tx) -> (usize, bool) {
             (tx.len(), tx.is_closed())
+        }
+
+        fn tx_stats(tx: &Self::Tx) -> Stats {
+            tx.stats()
+        }
+    };
+}
+
+/// Ends a builder of either flavour, with `weigher` if there is one: `$build` is `build` or
+/// `acked`.
+macro_rules! finish {
+    ($builder:expr, $weigher:expr, $build:ident) => {
+        match $weigher {
+            None => $builder.$build(),
+            Some(weigher) => $builder.weigher(weigher).$build(),
         }
     };
 }
@@ -175,6 +257,20 @@ pub(crate) enum Due {
     By(Instant),
 }
 
+impl Timed {
+    /// A builder with `limits`, the per-key ones included.
+    fn builder(&self, limits: &Limits) -> timed::Builder {
+        let mut builder = limits.apply(timed::Builder::new(self.window));
+        if let Some(n) = limits.per_key {
+            builder = builder.max_values_per_key(n);
+        }
+        if let Some(n) = limits.key_weight {
+            builder = builder.max_key_weight(n);
+        }
+        builder
+    }
+}
+
 impl<K, V> Flavour<K, V> for Timed
 where
     K: Hash + Eq + Clone + Debug + Send + 'static,
@@ -185,19 +281,14 @@ where
     type Back = (K, Vec<V>);
     type Tx = timed::Sender<K, V>;
     type Rx = timed::Receiver<K, V>;
+    type AckRx = timed::AckReceiver<K, V>;
 
     fn build(&self, limits: &Limits, weigher: Option<Weigher<V>>) -> (Self::Tx, Self::Rx) {
-        let mut builder = limits.apply(timed::Builder::new(self.window));
-        if let Some(n) = limits.per_key {
-            builder = builder.max_values_per_key(n);
-        }
-        if let Some(n) = limits.key_weight {
-            builder = builder.max_key_weight(n);
-        }
-        match weigher {
-            None => builder.build(),
-            Some(weigher) => builder.weigher(weigher).build(),
-        }
+        finish!(self.builder(limits), weigher, build)
+    }
+
+    fn build_acked(&self, limits: &Limits, weigher: Option<Weigher<V>>) -> (Self::Tx, Self::AckRx) {
+        finish!(self.builder(limits), weigher, acked)
     }
 
     fn item(_: Due, key: K, value: V) -> (K, V) {
@@ -244,6 +335,21 @@ where
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Ordered;
 
+impl Ordered {
+    /// A builder with `limits`.
+    ///
+    /// # Panics
+    ///
+    /// If a per-key limit is set: `ordered` has none.
+    fn builder(limits: &Limits) -> ordered::Builder {
+        assert!(
+            limits.per_key.is_none() && limits.key_weight.is_none(),
+            "`ordered` has no per-key limits"
+        );
+        limits.apply(ordered::Builder::new())
+    }
+}
+
 impl<K, V> Flavour<K, V> for Ordered
 where
     K: Hash + Eq + Clone + Debug + Send + 'static,
@@ -254,17 +360,14 @@ where
     type Back = (u8, K, Vec<V>);
     type Tx = ordered::Sender<u8, K, V>;
     type Rx = ordered::Receiver<u8, K, V>;
+    type AckRx = ordered::AckReceiver<u8, K, V>;
 
     fn build(&self, limits: &Limits, weigher: Option<Weigher<V>>) -> (Self::Tx, Self::Rx) {
-        assert!(
-            limits.per_key.is_none() && limits.key_weight.is_none(),
-            "`ordered` has no per-key limits"
-        );
-        let builder = limits.apply(ordered::Builder::new());
-        match weigher {
-            None => builder.build(),
-            Some(weigher) => builder.weigher(weigher).build(),
-        }
+        finish!(Self::builder(limits), weigher, build)
+    }
+
+    fn build_acked(&self, limits: &Limits, weigher: Option<Weigher<V>>) -> (Self::Tx, Self::AckRx) {
+        finish!(Self::builder(limits), weigher, acked)
     }
 
     fn item(sort_key: u8, key: K, value: V) -> (u8, K, V) {
