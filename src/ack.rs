@@ -196,9 +196,9 @@ impl<K, V> Delivery<K, V> {
         self.attempt
     }
 
-    /// When the oldest of these values entered the channel, at the latest. It is exact
-    /// unless a batch cap split the key: the rest of a split key reports the time of the
-    /// part that went before it.
+    /// When the oldest of these values entered the channel. It is exact unless a batch cap
+    /// split the key: the rest of a split key reports when the part that went before it
+    /// entered, which is earlier.
     ///
     /// # Examples
     ///

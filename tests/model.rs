@@ -1102,11 +1102,6 @@ struct Harness<F: Modelled, M: Mode<F>> {
     rxs: Vec<RxSlot<F, M>>,
     /// Dead-letter streams: two clones, in an acknowledging channel.
     dead: Vec<DeadSlot>,
-    /// A known bug, left out of the wake-up checks: the last receiver went after the
-    /// channel closed, which wakes no waiting dead-letter stream for its end, and no
-    /// decision has ended the stream since, which does (see
-    /// `dead_letters_end_when_the_last_receiver_goes_after_close`).
-    dead_unwoken: bool,
     /// Waiting sends, in both lines.
     sends: VecDeque<WaitingSend<F>>,
     /// The next ticket for a send that joins a line.
@@ -1142,7 +1137,6 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
                 recv: None,
             }],
             dead: dead.collect(),
-            dead_unwoken: false,
             sends: VecDeque::new(),
             tickets: 0,
             delivered: Vec::new(),
@@ -1361,10 +1355,6 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
             other => panic!("step {step}: {how:?} did not take effect at once: {other:?}"),
         }
         self.decided(flight, how);
-        if self.drained() {
-            // The stream has ended: the channel wakes the dead-letter streams for it.
-            self.dead_unwoken = false;
-        }
     }
 
     /// The model's side of a decision.
@@ -1672,7 +1662,6 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
                 if self.rxs.is_empty() {
                     // No one can receive: sends fail, and what was pending is dropped,
                     // the dead letters with it.
-                    self.dead_unwoken = self.closed;
                     self.close_now();
                     let pending = self.model.entries.drain(..).flat_map(|e| e.values);
                     let acks = &mut self.acks;
@@ -1786,7 +1775,7 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
         let dead_ready = !self.acks.dead.is_empty() || ended;
         let waiting = self.dead.iter().filter(|slot| slot.recv.is_some()).count();
         assert!(
-            !(dead_ready && waiting > 0) || self.dead_unwoken,
+            !(dead_ready && waiting > 0),
             "step {step}: a dead letter or the end is ready but none of {waiting} waiting \
              dead-letter streams was woken"
         );
@@ -2084,13 +2073,11 @@ async fn sends_in_both_lines_go_in() {
     panic!("no waiting send went into the empty channel");
 }
 
-/// Found by `ordered_acked_matches_model`; not fixed yet, so the model leaves it out (see
-/// `Harness::dead_unwoken`). A dead-letter stream ends once no receiver is left. When the
-/// last receiver goes after the channel closed, a `recv` waiting on the stream is not woken
-/// for its end: the receiver's drop wakes the waiters only by closing the channel, and it
-/// is closed already.
+/// Found by `ordered_acked_matches_model`: a dead-letter stream ends once no receiver is
+/// left. When the last receiver went after the channel closed, a `recv` waiting on the
+/// stream was not woken for its end: the receiver's drop woke the waiters only by closing
+/// the channel, and it was closed already.
 #[tokio::test]
-#[ignore = "known bug: the last receiver's drop after the close wakes no dead-letter stream"]
 async fn dead_letters_end_when_the_last_receiver_goes_after_close() {
     let (tx, rx) = ordered::Builder::new().acked::<u8, K, V>();
     let mut dead = rx.dead_letters();

@@ -55,7 +55,7 @@ struct Flight<R> {
     /// How many times the first values were handed out before (see `Front::handed`).
     handed: Vec<u32>,
     attempt: u32,
-    /// When its first value entered, at the latest.
+    /// A time at or before which its first value entered.
     entered: u64,
 }
 

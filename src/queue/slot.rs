@@ -31,7 +31,7 @@ pub(super) struct Extra {
     /// How many times each of the first values was handed out before. The values after
     /// them never were. Counts only fall from front to back: values come back in front.
     pub(super) handed: Vec<u32>,
-    /// When the front value entered, at the latest: known once values came back.
+    /// A time at or before which the front value entered: known once values came back.
     pub(super) entered: Option<u64>,
 }
 
@@ -100,7 +100,7 @@ pub(crate) struct Front<V> {
     /// How many times each of the first of them was handed out before (see
     /// [`Extra::handed`]).
     pub(crate) handed: Vec<u32>,
-    /// When the first of them entered at the latest, if known.
+    /// A time at or before which the first of them entered, if known.
     pub(crate) entered: Option<u64>,
 }
 
