@@ -216,11 +216,11 @@ impl<R, K, V> Slot<R, K, V> {
             handed.append(&mut extra.handed);
         }
         extra.handed = handed;
-        // The values that came back are older than the ones here, so either known time
-        // is a time at or after which the new front entered.
+        // The new front is the first value that came back: what is known of it is what
+        // came with it (the time kept here is of younger values, and no bound on it).
         extra.entered = match (entered, extra.entered) {
             (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+            (a, _) => a,
         };
     }
 
