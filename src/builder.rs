@@ -239,6 +239,41 @@ impl<F, W> Builder<F, W> {
     }
 }
 
+#[cfg(feature = "durable")]
+impl<F, W> Builder<F, W> {
+    /// Makes the channel durable, with its log in `dir`: every value sent is written there
+    /// before `send` returns, and the channel acknowledges its deliveries. Set the fsync
+    /// policy on the [`DurableBuilder`](crate::durable::DurableBuilder) this returns, then
+    /// `open` it. See [`durable`](crate::durable).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use keyed_batch::timed;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = std::env::temp_dir().join(format!("kb-doc-d-{}", std::process::id()));
+    /// # let _ = std::fs::remove_dir_all(&dir);
+    /// let (tx, rx) = timed::Builder::new(Duration::from_secs(1))
+    ///     .max_batch(500)
+    ///     .durable(&dir)
+    ///     .open::<u64, String>()
+    ///     .await?;
+    /// # drop((tx, rx));
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg_attr(docsrs, doc(cfg(feature = "durable")))]
+    pub fn durable(
+        self,
+        dir: impl AsRef<std::path::Path>,
+    ) -> crate::durable::DurableBuilder<F, W> {
+        crate::durable::DurableBuilder::new(self, dir.as_ref())
+    }
+}
+
 impl<F, W: Clone> Clone for Builder<F, W> {
     fn clone(&self) -> Self {
         Builder {

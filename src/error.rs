@@ -249,3 +249,111 @@ impl Error for DeliveryError {
         }
     }
 }
+
+/// Why a durable channel could not open: returned by
+/// [`DurableBuilder::open`](crate::durable::DurableBuilder).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use keyed_batch::{durable::OpenError, timed};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// # let dir = std::env::temp_dir().join(format!("kb-doc-e-{}", std::process::id()));
+/// # let _ = std::fs::remove_dir_all(&dir);
+/// let first = timed::Builder::new(Duration::from_secs(1)).durable(&dir).open::<u8, u8>().await;
+/// let second = timed::Builder::new(Duration::from_secs(1)).durable(&dir).open::<u8, u8>().await;
+/// assert!(matches!(second, Err(OpenError::Locked { .. })));
+/// # drop(first);
+/// # }
+/// ```
+#[cfg(feature = "durable")]
+#[cfg_attr(docsrs, doc(cfg(feature = "durable")))]
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// Another channel, in this process or another, has the directory open.
+    Locked {
+        /// The log's directory.
+        dir: std::path::PathBuf,
+    },
+    /// A segment's header is not this format's: another format version, another codec, or
+    /// not a log at all.
+    Header {
+        /// The segment.
+        segment: std::path::PathBuf,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// A record that is not at the end of the log is torn or corrupt. `salvage()` opens
+    /// with what comes before it.
+    Corrupt {
+        /// The segment.
+        segment: std::path::PathBuf,
+        /// Where in it the bad record starts.
+        offset: u64,
+    },
+    /// A key, value or input (a `timed` deadline, an `ordered` sort key) in the log does not
+    /// decode as the type the channel was opened with.
+    Decode {
+        /// The segment.
+        segment: std::path::PathBuf,
+        /// Where in it the value's record starts.
+        offset: u64,
+        /// `"key"`, `"value"` or `"input"`.
+        what: &'static str,
+        /// The codec's message.
+        detail: String,
+    },
+    /// A file or directory of the log could not be read or written.
+    Io {
+        /// Which one.
+        path: std::path::PathBuf,
+        /// What went wrong.
+        source: std::io::Error,
+    },
+}
+
+#[cfg(feature = "durable")]
+impl fmt::Display for OpenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OpenError::Locked { dir } => write!(
+                f,
+                "the log in {} is open already: its lock is held",
+                dir.display()
+            ),
+            OpenError::Header { segment, detail } => {
+                write!(f, "segment {}: {detail}", segment.display())
+            }
+            OpenError::Corrupt { segment, offset } => write!(
+                f,
+                "segment {}: corrupt record at offset {offset}",
+                segment.display()
+            ),
+            OpenError::Decode {
+                segment,
+                offset,
+                what,
+                detail,
+            } => write!(
+                f,
+                "segment {}: the {what} of the record at offset {offset} does not decode: {detail}",
+                segment.display()
+            ),
+            OpenError::Io { path, source } => write!(f, "{}: {source}", path.display()),
+        }
+    }
+}
+
+#[cfg(feature = "durable")]
+impl Error for OpenError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        match self {
+            OpenError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}

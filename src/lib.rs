@@ -218,6 +218,9 @@ pub mod ack;
 pub mod builder;
 mod chan;
 mod config;
+#[cfg(feature = "durable")]
+#[cfg_attr(docsrs, doc(cfg(feature = "durable")))]
+pub mod durable;
 pub mod error;
 mod flavor;
 pub mod ordered;

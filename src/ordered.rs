@@ -43,7 +43,7 @@ use crate::stats::Stats;
 use crate::Batch;
 
 /// The `ordered` flavour: ranks are the senders' sort keys, and every key is due at once.
-struct SortKeys<S>(PhantomData<fn() -> S>);
+pub(crate) struct SortKeys<S>(PhantomData<fn() -> S>);
 
 impl<S> Flavor for SortKeys<S> {
     type Rank = S;
@@ -67,6 +67,69 @@ impl<S> Flavor for SortKeys<S> {
 
     fn retried(sort_key: S, _: u64) -> S {
         sort_key
+    }
+}
+
+/// In the log an `ordered` value keeps its sort key, encoded with the log's codec.
+#[cfg(feature = "durable")]
+impl<S> crate::durable::DurableFlavor for SortKeys<S>
+where
+    S: serde::Serialize + serde::de::DeserializeOwned + 'static,
+{
+    fn encode_input(sort_key: &S, _: &crate::durable::Clocks) -> Vec<u8> {
+        crate::durable::encode("sort key", sort_key)
+    }
+
+    fn decode_input(
+        bytes: &[u8],
+        _: u64,
+        _: &crate::durable::Clocks,
+        _: &Config,
+    ) -> Result<S, String> {
+        crate::durable::decode(bytes)
+    }
+}
+
+#[cfg(feature = "durable")]
+impl<W> crate::durable::DurableBuilder<builder::Ordered, W> {
+    /// Opens the durable channel: locks the directory, reads its log back, and returns the
+    /// channel with every value that was sent and not acknowledged, given up or taken as a
+    /// dead letter pending again, under its sort key. See [`durable`](crate::durable).
+    ///
+    /// # Errors
+    ///
+    /// An [`OpenError`](crate::durable::OpenError): the directory is locked, the log is
+    /// corrupt or does not decode as `S`, `K` and `V`, or a file could not be read or
+    /// written.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::ordered;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = std::env::temp_dir().join(format!("kb-doc-oo-{}", std::process::id()));
+    /// # let _ = std::fs::remove_dir_all(&dir);
+    /// let (tx, mut rx) = ordered::Builder::new().durable(&dir).open::<u8, String, u32>().await?;
+    /// tx.send(1, "k".to_string(), 7).await?;
+    /// let batch = rx.recv().await.unwrap();
+    /// batch[0].ack().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg_attr(docsrs, doc(cfg(feature = "durable")))]
+    pub async fn open<S, K, V>(
+        self,
+    ) -> Result<(Sender<S, K, V>, AckReceiver<S, K, V>), crate::durable::OpenError>
+    where
+        S: serde::Serialize + serde::de::DeserializeOwned + Ord + Clone + Send + 'static,
+        K: serde::Serialize + serde::de::DeserializeOwned + Hash + Eq + Clone + Send + 'static,
+        V: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
+        W: Weigher<V>,
+    {
+        let (tx, rx) = crate::durable::open::<SortKeys<S>, K, V, _, W>(self).await?;
+        Ok((Sender { inner: tx }, AckReceiver { inner: rx }))
     }
 }
 

@@ -79,6 +79,14 @@ pub struct Stats {
     /// went, dead letters not taken, and, in an acknowledging channel, values retried or
     /// dropped undecided after that.
     pub lost: u64,
+    /// Durable channels: values the log gave back when the channel opened.
+    pub log_recovered: u64,
+    /// Durable channels: the log's segments.
+    pub log_segments: usize,
+    /// Durable channels: the bytes in the log's segments.
+    pub log_bytes: u64,
+    /// Durable channels: bytes of a torn record at the log's end, cut off when it opened.
+    pub log_truncated_bytes: u64,
     /// Live senders.
     pub senders: usize,
     /// Live receivers.

@@ -51,7 +51,7 @@ use crate::stats::Stats;
 use crate::Batch;
 
 /// The `timed` flavour: ranks are deadlines.
-enum Deadlines {}
+pub(crate) enum Deadlines {}
 
 /// A key's deadline, and why it is what it is. Only the deadline orders them.
 ///
@@ -61,7 +61,7 @@ enum Deadlines {}
 /// [`NEVER`](Deadline::NEVER): a later deadline cannot be told apart from it, so it is due
 /// only at a flush or a close, never early.
 #[derive(Clone, Copy, Debug)]
-struct Deadline(u64);
+pub(crate) struct Deadline(u64);
 
 impl Deadline {
     const NEVER: u64 = (1 << 62) - 1;
@@ -109,7 +109,7 @@ impl PartialEq for Deadline {
 impl Eq for Deadline {}
 
 /// When a value wants its key to be due.
-enum Due {
+pub(crate) enum Due {
     /// `window` after it enters the channel.
     Window,
     /// At this instant, or `window` after it enters the channel if that is sooner.
@@ -176,6 +176,89 @@ impl Flavor for Deadlines {
 
     fn retried(_: Deadline, now: u64) -> Deadline {
         Deadline::new(now, Reason::Deadline)
+    }
+}
+
+/// In the log a `timed` value keeps its deadline in wall-clock terms: `window` after its
+/// arrival, or by a wall-clock time. Reopened, it is rebuilt on the monotonic clock.
+#[cfg(feature = "durable")]
+impl crate::durable::DurableFlavor for Deadlines {
+    fn encode_input(due: &Due, clocks: &crate::durable::Clocks) -> Vec<u8> {
+        match due {
+            Due::Window => vec![0],
+            Due::By(at) => {
+                let mut bytes = vec![1];
+                bytes.extend_from_slice(&clocks.wall_of(*at).to_le_bytes());
+                bytes
+            }
+            // A flush or a requeue is not a send, and is never logged.
+            Due::Now(_) => vec![2],
+        }
+    }
+
+    fn decode_input(
+        bytes: &[u8],
+        arrival: u64,
+        clocks: &crate::durable::Clocks,
+        config: &Config,
+    ) -> Result<Due, String> {
+        let window = u64::try_from(config.window.as_nanos()).unwrap_or(u64::MAX);
+        let by = match bytes {
+            [0] => arrival.saturating_add(window),
+            [1, at @ ..] if at.len() == 8 => {
+                let at = u64::from_le_bytes(at.try_into().expect("8 bytes"));
+                at.min(arrival.saturating_add(window))
+            }
+            [2] => arrival,
+            _ => return Err(format!("not a timed deadline: {bytes:?}")),
+        };
+        Ok(match by.checked_sub(arrival) {
+            // A deadline past what an instant holds stays "never".
+            Some(after) if after >= Deadline::NEVER => Due::Window,
+            _ => Due::By(clocks.instant_of(by)),
+        })
+    }
+}
+
+#[cfg(feature = "durable")]
+impl<W> crate::durable::DurableBuilder<builder::Timed, W> {
+    /// Opens the durable channel: locks the directory, reads its log back, and returns the
+    /// channel with every value that was sent and not acknowledged, given up or taken as a
+    /// dead letter pending again. See [`durable`](crate::durable).
+    ///
+    /// # Errors
+    ///
+    /// An [`OpenError`](crate::durable::OpenError): the directory is locked, the log is
+    /// corrupt or does not decode as `K` and `V`, or a file could not be read or written.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use keyed_batch::timed;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = std::env::temp_dir().join(format!("kb-doc-o-{}", std::process::id()));
+    /// # let _ = std::fs::remove_dir_all(&dir);
+    /// let builder = || timed::Builder::new(Duration::from_secs(1)).durable(&dir);
+    /// let (tx, rx) = builder().open::<String, u32>().await?;
+    /// tx.send("k".to_string(), 1).await?;
+    /// drop((tx, rx)); // as a crash would, with the value pending
+    /// let (_tx, rx) = builder().open::<String, u32>().await?;
+    /// assert_eq!(rx.len(), 1);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg_attr(docsrs, doc(cfg(feature = "durable")))]
+    pub async fn open<K, V>(self) -> Result<(Sender<K, V>, AckReceiver<K, V>), crate::durable::OpenError>
+    where
+        K: serde::Serialize + serde::de::DeserializeOwned + Hash + Eq + Clone + Send + 'static,
+        V: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
+        W: Weigher<V>,
+    {
+        let (tx, rx) = crate::durable::open::<Deadlines, K, V, _, W>(self).await?;
+        Ok((Sender { inner: tx }, AckReceiver { inner: rx }))
     }
 }
 

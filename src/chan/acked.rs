@@ -57,6 +57,8 @@ struct Flight<R> {
     attempt: u32,
     /// A time at or before which its first value entered.
     entered: u64,
+    /// The values' sequence numbers in a durable channel's log; empty in other channels.
+    seqs: Vec<u64>,
 }
 
 /// The deliveries in flight, in a slab: an id is a slot's index and its generation, so a
@@ -257,6 +259,7 @@ where
                     handed: taken.front.handed,
                     attempt,
                     entered,
+                    seqs: taken.front.seqs,
                 });
                 let entered = flavor::instant(epoch, entered).unwrap_or(epoch);
                 let link = Arc::clone(link);
@@ -385,6 +388,7 @@ where
                     weights,
                     handed,
                     entered: Some(flight.entered),
+                    seqs: flight.seqs,
                 };
                 // Only a retry needs the time: an ack is cheaper without it.
                 let now = self.now();

@@ -31,6 +31,8 @@ use crate::queue::{Items, Returned, Run, SortedQueue};
 use self::acked::Acked;
 
 mod acked;
+#[cfg(feature = "durable")]
+mod durable;
 use crate::stats::{Deliveries, Stats};
 use crate::Batch;
 
@@ -50,6 +52,9 @@ pub(crate) struct Chan<F: Flavor, K, V> {
     weigh: Weigh<V>,
     /// Wakes `closed()` calls.
     closed: Notify,
+    /// A durable channel's log.
+    #[cfg(feature = "durable")]
+    log: Option<crate::durable::Attached<F, K, V>>,
 }
 
 struct State<F: Flavor, K, V> {
@@ -96,6 +101,8 @@ struct Counts {
     requeued: u64,
     by: Deliveries,
     lost: u64,
+    /// Values a durable channel's log gave back when it opened.
+    recovered: u64,
 }
 
 /// Tasks waiting, in the order they came: each is named by an id, and ids only grow, so
@@ -158,6 +165,30 @@ pub(crate) struct Item<F: Flavor, K, V> {
     key: K,
     value: V,
     weight: usize,
+    /// Its sequence number in a durable channel's log, once its record is appended.
+    seq: Option<u64>,
+    /// Its record, encoded before the lock is taken, in a durable channel.
+    #[cfg(feature = "durable")]
+    encoded: Option<crate::durable::Encoded>,
+}
+
+/// How a send that may go in goes in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Push {
+    /// Now.
+    Now,
+    /// In a durable channel, once its record is durable: its room is held meanwhile (see
+    /// [`Tx::send`]). In other channels, now.
+    Durably,
+}
+
+/// What became of a send that was let in.
+enum Pushed {
+    /// It went in.
+    In,
+    /// Its room is held until its log record, this one, is durable.
+    #[cfg_attr(not(feature = "durable"), allow(dead_code))]
+    Held(u64),
 }
 
 /// The locked state. Wakers to wake, and keys and ranks to drop, are gathered while it is
@@ -458,12 +489,18 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
         // User code (the weigher, `Hash`) runs here, before the lock is taken.
         let weight = self.weigh.as_ref().map_or(1, |weigh| weigh(&value));
         let hash = self.hasher.hash_one(&key);
+        // And `Serialize`, in a durable channel.
+        #[cfg(feature = "durable")]
+        let encoded = self.log.as_ref().map(|log| log.encode(&input, &key, &value));
         Item {
             input,
             hash,
             key,
             value,
             weight,
+            seq: None,
+            #[cfg(feature = "durable")]
+            encoded,
         }
     }
 }
@@ -479,7 +516,8 @@ where
         guard: &mut Guard<'_, F, K, V>,
         item: &mut Option<Item<F, K, V>>,
         place: &mut Option<Place>,
-    ) -> Result<(), Blocked> {
+        push: Push,
+    ) -> Result<Pushed, Blocked> {
         let state = &mut **guard;
         if state.closed_at.is_some() {
             return Err(Blocked::Closed);
@@ -514,20 +552,64 @@ where
                 return Err(Blocked::Wait(LineName::Key));
             }
         }
+        // It goes in. In a durable channel its record goes first, under the lock, so that
+        // any record of its delivery comes after it in the log.
+        #[cfg(feature = "durable")]
+        if let Some(log) = &self.log {
+            let queued = item.as_mut().expect("an item to send");
+            let encoded = queued.encoded.take().expect("encoded when the log is on");
+            let Ok((seq, record)) = log.journal.send(&encoded) else {
+                // A failed log takes no more values: refused as by a closed channel.
+                return Err(Blocked::Closed);
+            };
+            queued.seq = Some(seq);
+            if push == Push::Durably {
+                state.held_values += 1;
+                state.held_weight += queued.weight;
+                self.moved_on(guard, place);
+                return Ok(Pushed::Held(record));
+            }
+        }
+        let _ = push;
+        self.insert_item(guard, item.take().expect("an item to send"));
+        self.moved_on(guard, place);
+        Ok(Pushed::In)
+    }
 
+    /// A send that was in line went in: whoever it held back may go in now.
+    fn moved_on(&self, guard: &mut Guard<'_, F, K, V>, place: &mut Option<Place>) {
+        if let Some(place) = place.take() {
+            // The line moved on, and the key is pending: room may be left for the next in
+            // line, or for the next send of this key. A send that was in no line held no
+            // one back, and its key had no earlier send waiting, so it has no one to wake.
+            guard.line(place.line).remove(place.id);
+            self.serve(guard);
+        }
+    }
+
+    /// Puts a value that was let in into the queue.
+    fn insert_item(&self, guard: &mut Guard<'_, F, K, V>, item: Item<F, K, V>) {
+        let state = &mut **guard;
+        let config = &self.config;
         let Item {
             input,
             hash,
             key,
             value,
             weight,
-        } = item.take().expect("an item to send");
+            seq,
+            ..
+        } = item;
+        let items = match seq {
+            Some(seq) => Items::AppendLogged(value, weight, seq, 0),
+            None => Items::Append(value, weight),
+        };
         // Read the clock under the lock, so ranks go in in the order values do.
         let mut clock = Clock::new(self.epoch, &mut state.last_now);
         let inserted = state.queue.insert(
             hash,
             key,
-            Items::Append(value, weight),
+            items,
             |current, values, weight| {
                 let joining = Joining {
                     current,
@@ -547,14 +629,6 @@ where
         if inserted.leads {
             guard.wake_receivers();
         }
-        if let Some(place) = place.take() {
-            // The line moved on, and the key is pending: room may be left for the next in
-            // line, or for the next send of this key. A send that was in no line held no
-            // one back, and its key had no earlier send waiting, so it has no one to wake.
-            guard.line(place.line).remove(place.id);
-            self.serve(guard);
-        }
-        Ok(())
     }
 
     /// Sends `item`, waiting for room: the core of `send`.
@@ -563,16 +637,17 @@ where
         cx: &mut Context<'_>,
         item: &mut Option<Item<F, K, V>>,
         place: &mut Option<Place>,
-    ) -> Poll<Result<(), Refused<F, K, V>>> {
+        push: Push,
+    ) -> Poll<Result<Pushed, Refused<F, K, V>>> {
         // Take part in tokio's cooperative scheduling, as its channels do: a producer whose
         // sends are always ready must still yield now and then, or on a runtime whose
         // workers all produce, the timer that wakes receivers is never driven.
         let coop = ready!(coop::poll_proceed(cx));
         let mut guard = self.lock();
-        let line = match self.try_push(&mut guard, item, place) {
-            Ok(()) => {
+        let line = match self.try_push(&mut guard, item, place, push) {
+            Ok(pushed) => {
                 coop.made_progress();
-                return Poll::Ready(Ok(()));
+                return Poll::Ready(Ok(pushed));
             }
             Err(Blocked::Closed) => {
                 if let Some(p) = place.take() {
@@ -734,6 +809,9 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
         if let Some(acked) = &state.acked {
             acked.add_stats(&mut stats);
         }
+        stats.log_recovered = counts.recovered;
+        #[cfg(feature = "durable")]
+        self.add_log_stats(&mut stats);
         stats
     }
 }
@@ -744,6 +822,52 @@ pub(crate) fn channel<F: Flavor, K, V>(
     weigher: impl Weigher<V>,
     acked: bool,
 ) -> (Tx<F, K, V>, Rx<F, K, V>)
+where
+    F::Rank: Ord,
+{
+    // Deadlines before the epoch count as the epoch (they are all due), so take it as late
+    // as we can: now, not when the builder was made.
+    let parts = Parts {
+        acked,
+        epoch: Instant::now(),
+        #[cfg(feature = "durable")]
+        log: None,
+        #[cfg(not(feature = "durable"))]
+        log: std::marker::PhantomData,
+    };
+    make(config, config::weigh(weigher), parts)
+}
+
+/// Makes a durable channel: an acknowledging one with a log, whose clock starts at `epoch`.
+#[cfg(feature = "durable")]
+pub(crate) fn durable<F: Flavor, K, V>(
+    config: Config,
+    weigher: impl Weigher<V>,
+    log: crate::durable::Attached<F, K, V>,
+    epoch: Instant,
+) -> (Tx<F, K, V>, Rx<F, K, V>)
+where
+    F::Rank: Ord,
+{
+    let parts = Parts {
+        acked: true,
+        epoch,
+        log: Some(log),
+    };
+    make(config, config::weigh(weigher), parts)
+}
+
+/// What sets channels apart beside their limits.
+struct Parts<F: Flavor, K, V> {
+    acked: bool,
+    epoch: Instant,
+    #[cfg(feature = "durable")]
+    log: Option<crate::durable::Attached<F, K, V>>,
+    #[cfg(not(feature = "durable"))]
+    log: std::marker::PhantomData<fn() -> (F, K, V)>,
+}
+
+fn make<F: Flavor, K, V>(config: Config, weigh: Weigh<V>, parts: Parts<F, K, V>) -> (Tx<F, K, V>, Rx<F, K, V>)
 where
     F::Rank: Ord,
 {
@@ -768,15 +892,17 @@ where
             next_id: 0,
             held_values: 0,
             held_weight: 0,
-            acked: acked.then(|| Box::new(Acked::new(config.max_attempts))),
+            acked: parts
+                .acked
+                .then(|| Box::new(Acked::new(config.max_attempts))),
         }),
         config,
-        // Deadlines before the epoch count as the epoch (they are all due), so take it as
-        // late as we can: now, not when the builder was made.
-        epoch: Instant::now(),
+        epoch: parts.epoch,
         hasher,
-        weigh: config::weigh(weigher),
+        weigh,
         closed: Notify::new(),
+        #[cfg(feature = "durable")]
+        log: parts.log,
     });
     let rx = Rx {
         chan: Arc::clone(&chan),
@@ -823,10 +949,10 @@ where
         }
         let mut item = Some(self.chan.item(input, key, value));
         let mut guard = self.chan.lock();
-        let pushed = self.chan.try_push(&mut guard, &mut item, &mut None);
+        let pushed = self.chan.try_push(&mut guard, &mut item, &mut None, Push::Now);
         drop(guard);
         let full = match pushed {
-            Ok(()) => return Ok(()),
+            Ok(_) => return Ok(()),
             Err(Blocked::Closed) => false,
             Err(Blocked::Wait(_)) => true,
         };
@@ -854,7 +980,47 @@ where
             chan: &*self.chan,
             place: None,
         };
-        poll_fn(|cx| self.chan.poll_send(cx, &mut item, &mut place.place)).await
+        let push = Push::Durably;
+        let pushed = poll_fn(|cx| self.chan.poll_send(cx, &mut item, &mut place.place, push));
+        match pushed.await? {
+            Pushed::In => Ok(()),
+            Pushed::Held(record) => self.send_durably(item.expect("held"), record).await,
+        }
+    }
+
+    /// The end of a durable `send`: waits until its record is durable, then puts the value
+    /// in; on a failed log, lets its room go and hands it back.
+    #[cfg(feature = "durable")]
+    async fn send_durably(&self, item: Item<F, K, V>, record: u64) -> Result<(), Refused<F, K, V>> {
+        let chan = &*self.chan;
+        let log = chan.log.as_ref().expect("only a durable channel holds room");
+        // If this future is dropped now, the value is not sent: its room goes, and its
+        // record is marked done, so that it does not come back after a restart.
+        let mut held = HeldRoom {
+            chan,
+            item: Some(item),
+        };
+        let durable = log.journal.durable(record).await;
+        let item = held.item.take().expect("held");
+        let mut guard = chan.lock();
+        guard.held_values -= 1;
+        guard.held_weight -= item.weight;
+        if let Err(err) = durable {
+            chan.serve(&mut guard);
+            drop(guard);
+            let Item {
+                input, key, value, ..
+            } = item;
+            let _ = err;
+            return Err(SendError((input, key, value)));
+        }
+        chan.insert_item(&mut guard, item);
+        Ok(())
+    }
+
+    #[cfg(not(feature = "durable"))]
+    async fn send_durably(&self, _: Item<F, K, V>, _: u64) -> Result<(), Refused<F, K, V>> {
+        unreachable!("only a durable channel holds room")
     }
 
     pub(crate) fn blocking_send(
@@ -893,7 +1059,7 @@ where
         let coop = ready!(coop::poll_proceed(cx));
         let chan = &*self.chan;
         let mut guard = chan.lock();
-        let pushed = chan.try_push(&mut guard, sink, &mut None);
+        let pushed = chan.try_push(&mut guard, sink, &mut None, Push::Now);
         if let Err(Blocked::Wait(_)) = pushed {
             let state = &mut *guard;
             state
@@ -904,7 +1070,7 @@ where
         guard.sinks.leave(&mut self.sink_waiting);
         coop.made_progress();
         match pushed {
-            Ok(()) => Poll::Ready(Ok(())),
+            Ok(_) => Poll::Ready(Ok(())),
             Err(_) => {
                 let Item {
                     input, key, value, ..
@@ -1065,6 +1231,31 @@ impl<F: Flavor, K, V> Drop for PlaceGuard<'_, F, K, V> {
             let mut guard = self.chan.lock();
             self.chan.leave(&mut guard, place);
         }
+    }
+}
+
+/// The room a durable `send` holds while its record becomes durable, given back (and the
+/// record marked done) if the send is dropped meanwhile.
+#[cfg(feature = "durable")]
+struct HeldRoom<'a, F: Flavor, K, V> {
+    chan: &'a Chan<F, K, V>,
+    item: Option<Item<F, K, V>>,
+}
+
+#[cfg(feature = "durable")]
+impl<F: Flavor, K, V> Drop for HeldRoom<'_, F, K, V> {
+    fn drop(&mut self) {
+        let Some(item) = self.item.take() else { return };
+        let mut guard = self.chan.lock();
+        guard.held_values -= 1;
+        guard.held_weight -= item.weight;
+        if let (Some(log), Some(seq)) = (&self.chan.log, item.seq) {
+            // Not sent: it must not come back after a restart either.
+            let _ = log.journal.done(&[seq]);
+        }
+        self.chan.serve(&mut guard);
+        drop(guard);
+        drop(item);
     }
 }
 

@@ -685,11 +685,13 @@ where
                             values,
                             handed: Vec::new(),
                             entered: None,
+                            seqs: Vec::new(),
                         },
                         Some(extra) => Front {
                             values: std::mem::take(&mut values),
                             handed: extra.handed,
                             entered: extra.entered,
+                            seqs: extra.seqs,
                         },
                     };
                     // A plain batch has no use for the rank: it goes with the other drops

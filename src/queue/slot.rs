@@ -33,6 +33,8 @@ pub(super) struct Extra {
     pub(super) handed: Vec<u32>,
     /// A time at or before which the front value entered: known once values came back.
     pub(super) entered: Option<u64>,
+    /// Each value's sequence number in a durable channel's log; empty in other channels.
+    pub(super) seqs: Vec<u64>,
 }
 
 struct Weights {
@@ -44,6 +46,9 @@ struct Weights {
 pub(crate) enum Items<V> {
     /// One value and its weight, after the key's values.
     Append(V, usize),
+    /// One value, its weight, its sequence number in the log, and how many times it was
+    /// handed out before (a durable channel's values, reopened), after the key's values.
+    AppendLogged(V, usize, u64, u32),
     /// Values before the key's values: they came back.
     Prepend(Returned<V>),
 }
@@ -57,6 +62,8 @@ pub(crate) struct Returned<V> {
     pub(crate) handed: Vec<u32>,
     /// When the first of them entered, if known.
     pub(crate) entered: Option<u64>,
+    /// Their sequence numbers in a durable channel's log; empty in other channels.
+    pub(crate) seqs: Vec<u64>,
 }
 
 impl<V> Returned<V> {
@@ -67,6 +74,7 @@ impl<V> Returned<V> {
             weights,
             handed: Vec::new(),
             entered: None,
+            seqs: Vec::new(),
         }
     }
 }
@@ -79,7 +87,7 @@ impl<V> Items<V> {
     /// Panics if the weights overflow `usize`.
     pub(super) fn size(&self) -> (usize, usize) {
         match self {
-            Items::Append(_, weight) => (1, *weight),
+            Items::Append(_, weight) | Items::AppendLogged(_, weight, ..) => (1, *weight),
             Items::Prepend(back) => match &back.weights {
                 None => (back.values.len(), back.values.len()),
                 Some(weights) => {
@@ -102,6 +110,8 @@ pub(crate) struct Front<V> {
     pub(crate) handed: Vec<u32>,
     /// A time at or before which the first of them entered, if known.
     pub(crate) entered: Option<u64>,
+    /// Their sequence numbers in a durable channel's log; empty in other channels.
+    pub(crate) seqs: Vec<u64>,
 }
 
 impl<R, K, V> Slot<R, K, V> {
@@ -168,6 +178,16 @@ impl<R, K, V> Slot<R, K, V> {
 
     pub(super) fn add(&mut self, items: Items<V>) {
         match items {
+            Items::AppendLogged(value, weight, seq, handed) => {
+                let extra = self.extra.get_or_insert_with(Box::default);
+                extra.seqs.push(seq);
+                if handed > 0 {
+                    // Counts stay a prefix: the values before it that never went out count 0.
+                    extra.handed.resize(self.values.len(), 0);
+                    extra.handed.push(handed);
+                }
+                self.add(Items::Append(value, weight));
+            }
             Items::Append(value, weight) => {
                 if weight != 1 || self.is_weighted() {
                     // The first weight other than 1 makes the ones before it explicit.
@@ -192,11 +212,13 @@ impl<R, K, V> Slot<R, K, V> {
             weights,
             mut handed,
             entered,
+            mut seqs,
         } = back;
         let count = values.len();
         let older = mem::replace(&mut self.values, values);
         self.values.extend(older);
-        let known = weights.is_some() || !handed.is_empty() || entered.is_some();
+        let known =
+            weights.is_some() || !handed.is_empty() || entered.is_some() || !seqs.is_empty();
         if !known && self.extra.is_none() {
             return;
         }
@@ -216,6 +238,9 @@ impl<R, K, V> Slot<R, K, V> {
             handed.append(&mut extra.handed);
         }
         extra.handed = handed;
+        // In a durable channel every value has one, and the older values come first.
+        seqs.append(&mut extra.seqs);
+        extra.seqs = seqs;
         // The new front is the first value that came back: what is known of it is what
         // came with it (the time kept here is of younger values, and no bound on it).
         extra.entered = match (entered, extra.entered) {
@@ -233,6 +258,7 @@ impl<R, K, V> Slot<R, K, V> {
                 values,
                 handed: Vec::new(),
                 entered: None,
+                seqs: Vec::new(),
             };
         };
         if let Some(weights) = &mut extra.weights {
@@ -241,6 +267,8 @@ impl<R, K, V> Slot<R, K, V> {
         }
         let rest = extra.handed.split_off(count.min(extra.handed.len()));
         let handed = mem::replace(&mut extra.handed, rest);
+        let rest = extra.seqs.split_off(count.min(extra.seqs.len()));
+        let seqs = mem::replace(&mut extra.seqs, rest);
         // What is left entered after the front that goes, so the old front's time is
         // still a time at or before it; it goes once nothing is left.
         let entered = extra.entered;
@@ -251,6 +279,7 @@ impl<R, K, V> Slot<R, K, V> {
             values,
             handed,
             entered,
+            seqs,
         }
     }
 }

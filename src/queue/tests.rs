@@ -477,6 +477,7 @@ fn values_given_back_go_in_front_with_their_counts() {
         weights: None,
         handed: vec![1],
         entered: Some(42),
+        seqs: Vec::new(),
     };
     assert!(q.give_back(hold, back).is_ok());
     assert_eq!(q.len(), 3);

@@ -1,0 +1,490 @@
+//! The journal: one thread owns the log's files, and commits in groups what the channel
+//! appends.
+//!
+//! Appending encodes a record into a shared buffer and wakes the committer. The committer
+//! takes everything buffered, writes it in one go, syncs it if the policy asks, and then
+//! raises the *written* and *synced* marks that senders and acknowledgements wait on. While
+//! it writes and syncs, new records pile up in the buffer: batches grow by themselves under
+//! load, with no linger.
+//!
+//! The committer also keeps track of where each value that is not done lives, and deletes
+//! segments by prefix only: the oldest goes once none of its values is live. When a value
+//! held for long pins old segments, its record is copied forward into the newest segment
+//! first, so the log stays about two segments long.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::{self, JoinHandle};
+use std::time::Instant;
+
+use tokio::sync::watch;
+
+use super::log::{self, Send};
+use super::FsyncPolicy;
+
+/// The journal's handle, shared by a channel's senders and receivers.
+pub(crate) struct Journal {
+    shared: Arc<Shared>,
+    marks: watch::Receiver<Marks>,
+    policy: FsyncPolicy,
+    committer: Mutex<Option<JoinHandle<()>>>,
+}
+
+struct Shared {
+    pending: Mutex<Pending>,
+    work: Condvar,
+    marks: watch::Sender<Marks>,
+}
+
+/// What is appended and not yet written.
+struct Pending {
+    buf: Vec<u8>,
+    /// The sends in `buf`: sequence number, offset in `buf`, length.
+    sends: Vec<(u64, usize, usize)>,
+    /// The values marked done in `buf`.
+    done: Vec<u64>,
+    /// The number of the last record appended.
+    last: u64,
+    next_seq: u64,
+    closing: bool,
+    poisoned: Option<Arc<io::Error>>,
+}
+
+/// How far the log has gone: every record up to `written` is written, up to `synced` synced;
+/// and its size.
+#[derive(Clone, Debug, Default)]
+struct Marks {
+    written: u64,
+    synced: u64,
+    poisoned: Option<Arc<io::Error>>,
+    stats: LogStats,
+}
+
+/// Where a value's send record lives.
+#[derive(Clone, Copy)]
+pub(crate) struct Place {
+    pub(crate) segment: u64,
+    pub(crate) offset: u64,
+    pub(crate) len: u32,
+}
+
+/// A segment, as the committer keeps it.
+pub(crate) struct Segment {
+    pub(crate) index: u64,
+    /// Values in it that are not done.
+    pub(crate) live: usize,
+}
+
+/// What the committer owns.
+pub(crate) struct Files {
+    pub(crate) dir: PathBuf,
+    pub(crate) segments: VecDeque<Segment>,
+    /// The newest segment, open for appending, and its length.
+    pub(crate) current: File,
+    pub(crate) current_len: u64,
+    /// Where each value that is not done lives.
+    pub(crate) live: HashMap<u64, Place>,
+    pub(crate) segment_size: u64,
+    /// Bytes in the segments, for the stats.
+    pub(crate) bytes: u64,
+    /// The directory's lock, held while the log is open.
+    pub(crate) lock: File,
+}
+
+/// Figures the channel's stats report.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct LogStats {
+    pub(crate) segments: usize,
+    pub(crate) bytes: u64,
+}
+
+impl Journal {
+    /// Starts the committer over `files`; `next_seq` continues the log's numbering.
+    pub(crate) fn start(files: Files, policy: FsyncPolicy, next_seq: u64) -> io::Result<Journal> {
+        let stats = LogStats {
+            segments: files.segments.len(),
+            bytes: files.bytes,
+        };
+        let (marks_tx, marks) = watch::channel(Marks {
+            stats,
+            ..Marks::default()
+        });
+        let shared = Arc::new(Shared {
+            pending: Mutex::new(Pending {
+                buf: Vec::new(),
+                sends: Vec::new(),
+                done: Vec::new(),
+                last: 0,
+                next_seq,
+                closing: false,
+                poisoned: None,
+            }),
+            work: Condvar::new(),
+            marks: marks_tx,
+        });
+        let committer = {
+            let shared = Arc::clone(&shared);
+            thread::Builder::new()
+                .name("keyed-batch-log".into())
+                .spawn(move || Committer::new(shared, files, policy).run())?
+        };
+        Ok(Journal {
+            shared,
+            marks,
+            policy,
+            committer: Mutex::new(Some(committer)),
+        })
+    }
+
+    fn pending(&self) -> MutexGuard<'_, Pending> {
+        self.shared.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Appends a record to the buffer, if the log is not poisoned; returns its number.
+    fn append(&self, put: impl FnOnce(&mut Pending)) -> Result<u64, Arc<io::Error>> {
+        let mut pending = self.pending();
+        if let Some(err) = &pending.poisoned {
+            return Err(Arc::clone(err));
+        }
+        put(&mut pending);
+        pending.last += 1;
+        let last = pending.last;
+        drop(pending);
+        self.shared.work.notify_one();
+        Ok(last)
+    }
+
+    /// Appends a value's send record; returns its sequence number and the record's number.
+    pub(crate) fn send(&self, encoded: &super::Encoded) -> Result<(u64, u64), Arc<io::Error>> {
+        let mut seq = 0;
+        let record = self.append(|p| {
+            seq = p.next_seq;
+            p.next_seq += 1;
+            let at = p.buf.len();
+            let send = Send {
+                seq,
+                arrival: encoded.arrival,
+                input: &encoded.input,
+                key: &encoded.key,
+                value: &encoded.value,
+            };
+            log::put_send(&mut p.buf, &send);
+            p.sends.push((seq, at, p.buf.len() - at));
+        })?;
+        Ok((seq, record))
+    }
+
+    /// Appends a record that the values `seqs` are done; returns its number.
+    pub(crate) fn done(&self, seqs: &[u64]) -> Result<u64, Arc<io::Error>> {
+        self.append(|p| {
+            log::put_done(&mut p.buf, seqs);
+            p.done.extend_from_slice(seqs);
+        })
+    }
+
+    /// Appends a record of how often values were handed out; returns its number.
+    pub(crate) fn retried(&self, handed: &[(u64, u32)]) -> Result<u64, Arc<io::Error>> {
+        self.append(|p| log::put_retry(&mut p.buf, handed))
+    }
+
+    /// Waits until record `record` is durable under the policy: synced for `Always`,
+    /// written otherwise.
+    pub(crate) async fn durable(&self, record: u64) -> Result<(), Arc<io::Error>> {
+        match self.policy {
+            FsyncPolicy::Always => self.wait(|m| m.synced >= record).await,
+            _ => self.wait(|m| m.written >= record).await,
+        }
+    }
+
+    /// Waits until record `record` is written.
+    pub(crate) async fn written(&self, record: u64) -> Result<(), Arc<io::Error>> {
+        self.wait(|m| m.written >= record).await
+    }
+
+    async fn wait(&self, reached: impl Fn(&Marks) -> bool) -> Result<(), Arc<io::Error>> {
+        let mut marks = self.marks.clone();
+        let marks = marks
+            .wait_for(|m| reached(m) || m.poisoned.is_some())
+            .await
+            .expect("the committer outlives the journal");
+        match reached(&marks) {
+            true => Ok(()),
+            false => Err(Arc::clone(marks.poisoned.as_ref().expect("poisoned"))),
+        }
+    }
+
+    /// The error that poisoned the log, if one did.
+    pub(crate) fn poisoned(&self) -> Option<Arc<io::Error>> {
+        self.pending().poisoned.clone()
+    }
+
+    /// The log's size, as of the last commit.
+    pub(crate) fn stats(&self) -> LogStats {
+        self.marks.borrow().stats
+    }
+}
+
+impl Drop for Journal {
+    fn drop(&mut self) {
+        self.pending().closing = true;
+        self.shared.work.notify_one();
+        let committer = self.committer.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if let Some(committer) = committer.take() {
+            // It writes and syncs what is buffered, then stops.
+            let _ = committer.join();
+        }
+    }
+}
+
+/// The committer thread's state.
+struct Committer {
+    shared: Arc<Shared>,
+    files: Files,
+    policy: FsyncPolicy,
+    written: u64,
+    synced: u64,
+    last_sync: Instant,
+}
+
+impl Committer {
+    fn new(shared: Arc<Shared>, files: Files, policy: FsyncPolicy) -> Self {
+        Committer {
+            shared,
+            files,
+            policy,
+            written: 0,
+            synced: 0,
+            last_sync: Instant::now(),
+        }
+    }
+
+    fn run(mut self) {
+        loop {
+            let (buf, sends, done, last, closing) = {
+                let mut pending = self
+                    .shared
+                    .pending
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                loop {
+                    let unsynced = self.synced < self.written;
+                    if !pending.buf.is_empty() || pending.closing {
+                        break;
+                    }
+                    let work = &self.shared.work;
+                    pending = match (self.policy, unsynced) {
+                        (FsyncPolicy::Interval(every), true) => {
+                            let left = every.saturating_sub(self.last_sync.elapsed());
+                            if left.is_zero() {
+                                break;
+                            }
+                            let waited = work.wait_timeout(pending, left);
+                            waited.unwrap_or_else(PoisonError::into_inner).0
+                        }
+                        _ => work.wait(pending).unwrap_or_else(PoisonError::into_inner),
+                    };
+                }
+                let p = &mut *pending;
+                (
+                    std::mem::take(&mut p.buf),
+                    std::mem::take(&mut p.sends),
+                    std::mem::take(&mut p.done),
+                    p.last,
+                    p.closing,
+                )
+            };
+            if let Err(err) = self.commit(&buf, &sends, &done, last, closing) {
+                self.poison(err);
+                return;
+            }
+            if closing && buf.is_empty() {
+                return;
+            }
+        }
+    }
+
+    /// Writes `buf`, syncs it if the policy asks, raises the marks, and deletes what is done.
+    fn commit(
+        &mut self,
+        buf: &[u8],
+        sends: &[(u64, usize, usize)],
+        done: &[u64],
+        last: u64,
+        closing: bool,
+    ) -> io::Result<()> {
+        if !buf.is_empty() {
+            if self.files.current_len >= self.files.segment_size {
+                self.rotate()?;
+            }
+            let base = self.files.current_len;
+            self.files.current.write_all(buf)?;
+            self.files.current_len += buf.len() as u64;
+            self.files.bytes += buf.len() as u64;
+            let segment = self.files.segments.back().expect("a current segment").index;
+            for &(seq, at, len) in sends {
+                let place = Place {
+                    segment,
+                    offset: base + at as u64,
+                    len: len as u32,
+                };
+                self.files.live.insert(seq, place);
+                self.files.segments.back_mut().expect("a current segment").live += 1;
+            }
+            self.written = last;
+        }
+        let sync = match self.policy {
+            FsyncPolicy::Always => self.synced < self.written,
+            FsyncPolicy::Interval(every) => {
+                self.synced < self.written && (closing || self.last_sync.elapsed() >= every)
+            }
+            FsyncPolicy::Never => false,
+        };
+        if sync {
+            // Never retried: after a failed fsync the kernel may have dropped the dirty
+            // pages, and a second fsync would report success for data that is gone.
+            self.files.current.sync_data()?;
+            self.synced = self.written;
+            self.last_sync = Instant::now();
+        }
+        let (written, synced) = (self.written, self.synced);
+        self.shared.marks.send_modify(|m| {
+            m.written = written;
+            m.synced = synced;
+        });
+        self.forget(done);
+        self.trim()?;
+        let stats = LogStats {
+            segments: self.files.segments.len(),
+            bytes: self.files.bytes,
+        };
+        self.shared.marks.send_modify(|m| m.stats = stats);
+        Ok(())
+    }
+
+    /// Marks values done: their segments may go.
+    fn forget(&mut self, done: &[u64]) {
+        for seq in done {
+            if let Some(place) = self.files.live.remove(seq) {
+                let segments = &mut self.files.segments;
+                let first = segments.front().map_or(0, |s| s.index);
+                if let Some(segment) = segments.get_mut((place.segment - first) as usize) {
+                    segment.live -= 1;
+                }
+            }
+        }
+    }
+
+    /// Deletes segments by prefix: the oldest goes once none of its values is live. With
+    /// three segments or more, the oldest's live records are copied forward first.
+    fn trim(&mut self) -> io::Result<()> {
+        loop {
+            let segments = &self.files.segments;
+            if segments.len() < 2 {
+                return Ok(());
+            }
+            let oldest = &segments[0];
+            if oldest.live > 0 {
+                if segments.len() < 3 {
+                    return Ok(());
+                }
+                self.copy_forward(oldest.index)?;
+            }
+            let oldest = self.files.segments.pop_front().expect("two segments or more");
+            let path = log::segment_path(&self.files.dir, oldest.index);
+            self.files.bytes -= fs::metadata(&path).map_or(0, |m| m.len());
+            fs::remove_file(&path)?;
+            sync_dir(&self.files.dir, self.policy)?;
+        }
+    }
+
+    /// Copies the live records of segment `index` into the newest segment, synced before
+    /// the old copy can go.
+    fn copy_forward(&mut self, index: u64) -> io::Result<()> {
+        let mut old = File::open(log::segment_path(&self.files.dir, index))?;
+        let mut moving: Vec<(u64, Place)> = self
+            .files
+            .live
+            .iter()
+            .filter(|(_, place)| place.segment == index)
+            .map(|(seq, place)| (*seq, *place))
+            .collect();
+        moving.sort_unstable_by_key(|(_, place)| place.offset);
+        let mut buf = Vec::new();
+        let mut moved = Vec::with_capacity(moving.len());
+        for (seq, place) in moving {
+            old.seek(SeekFrom::Start(place.offset))?;
+            let at = buf.len();
+            buf.resize(at + place.len as usize, 0);
+            old.read_exact(&mut buf[at..])?;
+            moved.push((seq, at, place.len));
+        }
+        let base = self.files.current_len;
+        self.files.current.write_all(&buf)?;
+        self.files.current.sync_data()?;
+        self.files.current_len += buf.len() as u64;
+        self.files.bytes += buf.len() as u64;
+        let newest = self.files.segments.back().expect("a current segment").index;
+        for (seq, at, len) in moved {
+            let place = Place {
+                segment: newest,
+                offset: base + at as u64,
+                len,
+            };
+            self.files.live.insert(seq, place);
+            self.files.segments.back_mut().expect("a current segment").live += 1;
+            self.files.segments.front_mut().expect("the oldest").live -= 1;
+        }
+        Ok(())
+    }
+
+    /// Starts a new segment: the old one is synced first, under every policy but `Never`.
+    fn rotate(&mut self) -> io::Result<()> {
+        if self.policy != FsyncPolicy::Never {
+            self.files.current.sync_data()?;
+        }
+        let index = self.files.segments.back().map_or(0, |s| s.index + 1);
+        let (file, len) = create_segment(&self.files.dir, index)?;
+        sync_dir(&self.files.dir, self.policy)?;
+        self.files.current = file;
+        self.files.current_len = len;
+        self.files.bytes += len;
+        self.files.segments.push_back(Segment { index, live: 0 });
+        Ok(())
+    }
+
+    /// The log failed: every waiting and later append fails with `err`.
+    fn poison(&mut self, err: io::Error) {
+        let err = Arc::new(err);
+        let mut pending = self
+            .shared
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        pending.poisoned = Some(Arc::clone(&err));
+        drop(pending);
+        self.shared.marks.send_modify(|m| m.poisoned = Some(err));
+    }
+}
+
+/// Creates segment `index` with its header; returns it open for appending, and its length.
+pub(crate) fn create_segment(dir: &Path, index: u64) -> io::Result<(File, u64)> {
+    let mut file = OpenOptions::new()
+        .create_new(true)
+        .append(true)
+        .open(log::segment_path(dir, index))?;
+    let header = log::header();
+    file.write_all(&header)?;
+    Ok((file, header.len() as u64))
+}
+
+/// Syncs the directory, so that a new or deleted segment's name survives a power cut,
+/// under every policy but `Never`.
+pub(crate) fn sync_dir(dir: &Path, policy: FsyncPolicy) -> io::Result<()> {
+    if policy == FsyncPolicy::Never {
+        return Ok(());
+    }
+    File::open(dir)?.sync_all()
+}

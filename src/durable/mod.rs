@@ -1,0 +1,404 @@
+//! Durable channels: every value sent is written to a log in a directory before `send`
+//! returns, and reopening the directory after a crash hands back everything that was sent
+//! and not yet acknowledged or given up.
+//!
+//! A durable channel is an acknowledging channel (see [`ack`](crate::ack)) whose decisions
+//! are written to the log too. Open one from a builder:
+//!
+//! ```
+//! use std::time::Duration;
+//! use keyed_batch::durable::FsyncPolicy;
+//! use keyed_batch::timed;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempdir();
+//! let (tx, mut rx) = timed::Builder::new(Duration::from_millis(10))
+//!     .durable(&dir)
+//!     .fsync(FsyncPolicy::Always)
+//!     .open::<String, u64>()
+//!     .await?;
+//! tx.send("customer-1".to_string(), 7).await?; // on disk when this returns
+//! drop(tx);
+//! let batch = rx.recv().await.unwrap();
+//! batch[0].ack().await?; // its record is written: it never comes back
+//! # Ok(())
+//! # }
+//! # fn tempdir() -> std::path::PathBuf {
+//! #     let dir = std::env::temp_dir().join(format!("kb-doc-{}", std::process::id()));
+//! #     let _ = std::fs::remove_dir_all(&dir);
+//! #     dir
+//! # }
+//! ```
+//!
+//! # What survives what
+//!
+//! | | `kill -9`, a crash, an OOM kill | a power cut or an OS crash |
+//! |---|---|---|
+//! | `send` returned, with `FsyncPolicy::Always` | kept | kept |
+//! | `send` returned, with `FsyncPolicy::Interval(d)` | kept | kept if synced: lost at most from the last `d` |
+//! | `send` returned, with `FsyncPolicy::Never` | kept | lost if the OS had not written it |
+//! | `try_send` or the `Sink` returned | kept once the committer wrote it, a moment later | as for `send`, once written |
+//! | an acknowledgement (`ack`, `give_up`, a dead letter taken) resolved | never comes back | may come back once, if not yet synced: at-least-once |
+//!
+//! `send` resolves once its record is written, and, under `Always`, synced (`fdatasync`).
+//! Waiting sends are committed together: one write and one sync for every batch of sends
+//! that waited, with no linger. Acknowledgements resolve once written: a `kill -9` never
+//! brings an acknowledged delivery back, and a power cut at worst redelivers it.
+//!
+//! # Recovery
+//!
+//! Reopening the directory rebuilds the channel: every value sent and not acknowledged,
+//! given up or taken as a dead letter is pending again, under its key, in the order values
+//! were sent, with the attempts it had been handed out (counted as of its last retry). A
+//! `timed` value's deadline is rebuilt from its wall-clock arrival: one whose deadline
+//! passed while the process was down is due at once.
+//!
+//! - The directory is locked: a second `open` fails with [`OpenError::Locked`].
+//! - A torn record at the end of the newest segment (a write cut short by a crash) is cut
+//!   off; [`Stats::log_truncated_bytes`](crate::stats::Stats::log_truncated_bytes) says how
+//!   many bytes went.
+//! - A bad record anywhere else is [`OpenError::Corrupt`], naming the segment and the
+//!   offset; [`DurableBuilder::salvage`] opens with what comes before it instead.
+//! - A key, value or sort key that does not decode is [`OpenError::Decode`], not a skip.
+//!
+//! # Failures
+//!
+//! A failed write or sync (a full disk, an I/O error) poisons the log, and it stays
+//! poisoned: an fsync is never retried, since the pages it failed to write may already be
+//! gone. Every waiting and later `send` fails and hands the value back; decisions resolve
+//! with [`DeliveryError::Io`](crate::error::DeliveryError::Io), and
+//! `Sender::log_error` returns the error. What was durable stays so.
+//!
+//! # The log
+//!
+//! The log is a directory of segments, each a header (format version, codec) and framed
+//! records: sends (sequence number, wall-clock arrival, input, key and value, encoded with
+//! postcard), and done and retry records that name sequence numbers. Every record carries
+//! its length and a CRC-32C. One thread owns the files. Segments are deleted by prefix
+//! only, once none of their values is live; a value held a long time is copied forward
+//! first, so the log stays about two segments long.
+
+use std::fmt;
+use std::hash::Hash;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::builder;
+use crate::chan;
+use crate::config::Config;
+use crate::flavor::Flavor;
+
+pub(crate) use self::journal::Journal;
+
+mod journal;
+mod log;
+pub(crate) mod recover;
+
+pub use crate::error::OpenError;
+
+/// When the log syncs its writes to disk, which sets what a `send` survives (see the table
+/// in the [module docs](self#what-survives-what)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FsyncPolicy {
+    /// Every `send` waits for an `fdatasync` of its record. Sends that wait together share
+    /// one: the committer syncs each batch it writes, and the next batch grows meanwhile.
+    Always,
+    /// Sends wait for their record to be written, and the log syncs at most this long after
+    /// a write.
+    Interval(Duration),
+    /// Sends wait for their record to be written; the OS writes it to disk when it will.
+    Never,
+}
+
+/// Opens a durable channel in a directory: made by `durable(dir)` on a
+/// [`timed::Builder`](crate::timed::Builder) or an [`ordered::Builder`](crate::ordered::Builder),
+/// with the limits set on it.
+///
+/// # Examples
+///
+/// ```
+/// use keyed_batch::durable::FsyncPolicy;
+/// use keyed_batch::ordered;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = std::env::temp_dir().join(format!("kb-doc-b-{}", std::process::id()));
+/// # let _ = std::fs::remove_dir_all(&dir);
+/// let (tx, rx) = ordered::Builder::new()
+///     .capacity(10_000)
+///     .durable(&dir)
+///     .fsync(FsyncPolicy::Interval(std::time::Duration::from_millis(5)))
+///     .open::<u8, String, Vec<u8>>()
+///     .await?;
+/// # drop((tx, rx));
+/// # Ok(())
+/// # }
+/// ```
+#[must_use = "a builder does nothing until `open` opens the channel"]
+pub struct DurableBuilder<F, W = ()> {
+    pub(crate) builder: builder::Builder<F, W>,
+    pub(crate) dir: PathBuf,
+    pub(crate) fsync: FsyncPolicy,
+    pub(crate) salvage: bool,
+    pub(crate) segment_size: u64,
+}
+
+impl<F, W> DurableBuilder<F, W> {
+    pub(crate) fn new(builder: builder::Builder<F, W>, dir: &Path) -> Self {
+        DurableBuilder {
+            builder,
+            dir: dir.to_path_buf(),
+            fsync: FsyncPolicy::Always,
+            salvage: false,
+            segment_size: 64 << 20,
+        }
+    }
+
+    /// Sets when writes are synced to disk; [`FsyncPolicy::Always`] by default.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use keyed_batch::durable::FsyncPolicy;
+    /// use keyed_batch::timed;
+    ///
+    /// let builder = timed::Builder::new(Duration::from_secs(1))
+    ///     .durable("/var/lib/app/queue")
+    ///     .fsync(FsyncPolicy::Never);
+    /// # drop(builder);
+    /// ```
+    pub fn fsync(mut self, policy: FsyncPolicy) -> Self {
+        self.fsync = policy;
+        self
+    }
+
+    /// Opens even if a segment is corrupt before its end: what comes before the first bad
+    /// record is kept, and the rest of the log is deleted. Off by default, when corruption
+    /// is an [`OpenError::Corrupt`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use keyed_batch::timed;
+    ///
+    /// let builder = timed::Builder::new(Duration::from_secs(1))
+    ///     .durable("/var/lib/app/queue")
+    ///     .salvage();
+    /// # drop(builder);
+    /// ```
+    pub fn salvage(mut self) -> Self {
+        self.salvage = true;
+        self
+    }
+
+    /// Starts a new segment once the newest has this many bytes; 64 MiB by default. The log
+    /// stays about two segments long, whatever its traffic.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `bytes` is 0.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use keyed_batch::timed;
+    ///
+    /// let builder = timed::Builder::new(Duration::from_secs(1))
+    ///     .durable("/var/lib/app/queue")
+    ///     .segment_size(8 << 20);
+    /// # drop(builder);
+    /// ```
+    #[track_caller]
+    pub fn segment_size(mut self, bytes: u64) -> Self {
+        assert!(bytes > 0, "segment_size must be at least 1");
+        self.segment_size = bytes;
+        self
+    }
+}
+
+impl<F, W> fmt::Debug for DurableBuilder<F, W> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DurableBuilder")
+            .field("dir", &self.dir)
+            .field("fsync", &self.fsync)
+            .field("salvage", &self.salvage)
+            .field("segment_size", &self.segment_size)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The two clocks read at one moment: the log keeps wall-clock times, the channel monotonic
+/// ones.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Clocks {
+    pub(crate) now: Instant,
+    /// Nanoseconds since the Unix epoch.
+    pub(crate) wall: u64,
+}
+
+impl Clocks {
+    pub(crate) fn now() -> Self {
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        Clocks {
+            now: Instant::now(),
+            wall,
+        }
+    }
+
+    /// The wall-clock time of `at`.
+    pub(crate) fn wall_of(&self, at: Instant) -> u64 {
+        match at.checked_duration_since(self.now) {
+            Some(ahead) => self.wall.saturating_add(nanos(ahead)),
+            None => self.wall.saturating_sub(nanos(self.now - at)),
+        }
+    }
+
+    /// The instant of wall-clock time `wall`, as near as an instant can be.
+    pub(crate) fn instant_of(&self, wall: u64) -> Instant {
+        match wall.checked_sub(self.wall) {
+            Some(ahead) => self.now + Duration::from_nanos(ahead),
+            None => {
+                let ago = Duration::from_nanos(self.wall - wall);
+                self.now.checked_sub(ago).unwrap_or(self.now)
+            }
+        }
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// A flavour whose inputs the log can keep: in wall-clock terms, so that they mean the same
+/// after a restart.
+pub(crate) trait DurableFlavor: Flavor + Sized + 'static {
+    /// `input` as the log keeps it.
+    fn encode_input(input: &Self::Input, clocks: &Clocks) -> Vec<u8>;
+
+    /// The input of a value that arrived at `arrival` (wall clock), rebuilt on `clocks`.
+    fn decode_input(
+        bytes: &[u8],
+        arrival: u64,
+        clocks: &Clocks,
+        config: &Config,
+    ) -> Result<Self::Input, String>;
+}
+
+/// Encodes a key, value or sort key with the log's codec.
+///
+/// # Panics
+///
+/// Panics if the type's `Serialize` fails.
+#[track_caller]
+pub(crate) fn encode<T: Serialize + ?Sized>(what: &str, item: &T) -> Vec<u8> {
+    match postcard::to_stdvec(item) {
+        Ok(bytes) => bytes,
+        Err(err) => panic!("a {what} could not be encoded for the log: {err}"),
+    }
+}
+
+/// Decodes a key, value or sort key with the log's codec.
+pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    postcard::from_bytes(bytes).map_err(|err| err.to_string())
+}
+
+/// A send's record, encoded before the channel's lock is taken.
+pub(crate) struct Encoded {
+    /// Nanoseconds since the Unix epoch.
+    pub(crate) arrival: u64,
+    pub(crate) input: Vec<u8>,
+    pub(crate) key: Vec<u8>,
+    pub(crate) value: Vec<u8>,
+}
+
+/// What a durable channel adds to a channel: its journal, and how it encodes a send.
+pub(crate) struct Attached<F: Flavor, K, V> {
+    pub(crate) journal: std::sync::Arc<Journal>,
+    /// Bytes of a torn tail cut off when the log was opened.
+    pub(crate) truncated: u64,
+    encode: EncodeSend<F, K, V>,
+}
+
+type EncodeSend<F, K, V> =
+    Box<dyn Fn(&<F as Flavor>::Input, &K, &V, &Clocks) -> Encoded + Send + Sync>;
+
+impl<F: Flavor, K, V> Attached<F, K, V> {
+    /// Encodes a send for the log.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `Serialize` of the key, the value or a sort key fails.
+    pub(crate) fn encode(&self, input: &F::Input, key: &K, value: &V) -> Encoded {
+        (self.encode)(input, key, value, &Clocks::now())
+    }
+}
+
+/// Opens a durable channel of flavour `F` from a builder of any marker: reads the log back
+/// (on a blocking thread), starts its journal, and makes the channel with every value that
+/// is pending again.
+pub(crate) async fn open<F, K, V, M, W>(
+    builder: DurableBuilder<M, W>,
+) -> Result<(chan::Tx<F, K, V>, chan::Rx<F, K, V>), OpenError>
+where
+    F: DurableFlavor,
+    F::Rank: Ord + Clone + Send + 'static,
+    F::Input: Send,
+    K: Serialize + DeserializeOwned + Hash + Eq + Clone + Send + 'static,
+    V: Serialize + DeserializeOwned + Send + 'static,
+    W: crate::config::Weigher<V>,
+{
+    let DurableBuilder {
+        builder,
+        dir,
+        fsync,
+        salvage,
+        segment_size,
+    } = builder;
+    let config = builder.config.clone();
+    let clocks = Clocks::now();
+    let recovered = {
+        let (config, dir) = (config.clone(), dir.clone());
+        tokio::task::spawn_blocking(move || {
+            recover::recover::<F, K, V>(recover::Opening {
+                dir: &dir,
+                salvage,
+                segment_size,
+                policy: fsync,
+                config: &config,
+                clocks,
+            })
+        })
+        .await
+        .expect("reading the log does not panic")?
+    };
+    let journal = Journal::start(recovered.files, fsync, recovered.next_seq)
+        .map_err(|source| OpenError::Io { path: dir, source })?;
+    let encode: EncodeSend<F, K, V> = Box::new(|input, key, value, clocks| Encoded {
+        arrival: clocks.wall,
+        input: F::encode_input(input, clocks),
+        key: encode("key", key),
+        value: encode("value", value),
+    });
+    let attached = Attached {
+        journal: std::sync::Arc::new(journal),
+        truncated: recovered.truncated,
+        encode,
+    };
+    // The channel's clock starts at the oldest arrival, so that it can tell when recovered
+    // values entered.
+    let oldest = recovered.values.iter().map(|v| v.arrival).min();
+    let epoch = oldest.map_or(clocks.now, |wall| clocks.instant_of(wall).min(clocks.now));
+    let (tx, rx) = chan::durable(config, builder.weigher, attached, epoch);
+    rx.restore(recovered.values, &clocks);
+    Ok((tx, rx))
+}
