@@ -48,6 +48,28 @@ pub(crate) enum Items<V> {
     Prepend(Returned<V>),
 }
 
+/// A whole slot's extras, as a front, for a slot taken whole.
+pub(super) fn whole<V>(values: Vec<V>, extra: Option<Box<Extra>>) -> Front<V> {
+    match extra.map(|e| *e) {
+        None => Front {
+            values,
+            weights: None,
+            handed: Vec::new(),
+            entered: None,
+        },
+        Some(Extra {
+            weights,
+            handed,
+            entered,
+        }) => Front {
+            values,
+            weights: weights.map(|w| w.each),
+            handed,
+            entered,
+        },
+    }
+}
+
 /// Values that come back to the front of their key.
 pub(crate) struct Returned<V> {
     pub(crate) values: Vec<V>,
@@ -97,6 +119,8 @@ impl<V> Items<V> {
 /// One key's values taken from the front.
 pub(crate) struct Front<V> {
     pub(crate) values: Vec<V>,
+    /// Their weights; `None`: all 1.
+    pub(crate) weights: Option<Vec<usize>>,
     /// How many times each of the first of them was handed out before (see
     /// [`Extra::handed`]).
     pub(crate) handed: Vec<u32>,
@@ -231,14 +255,16 @@ impl<R, K, V> Slot<R, K, V> {
         let Some(extra) = self.extra.as_deref_mut() else {
             return Front {
                 values,
+                weights: None,
                 handed: Vec::new(),
                 entered: None,
             };
         };
-        if let Some(weights) = &mut extra.weights {
-            weights.each.drain(..count);
+        let weights = extra.weights.as_mut().map(|weights| {
             weights.total -= weight;
-        }
+            let rest = weights.each.split_off(count);
+            mem::replace(&mut weights.each, rest)
+        });
         let rest = extra.handed.split_off(count.min(extra.handed.len()));
         let handed = mem::replace(&mut extra.handed, rest);
         // What is left entered after the front that goes, so the old front's time is
@@ -249,6 +275,7 @@ impl<R, K, V> Slot<R, K, V> {
         }
         Front {
             values,
+            weights,
             handed,
             entered,
         }
