@@ -378,6 +378,9 @@ impl<K, V> Delivery<K, V> {
 /// # }
 /// ```
 pub fn ack_all<K, V>(deliveries: impl IntoIterator<Item = Delivery<K, V>>) -> Decided<()> {
+    // Collected first: should the caller's iterator panic, the deliveries it already gave
+    // are dropped undecided, and so retried, not lost.
+    let deliveries: Vec<_> = deliveries.into_iter().collect();
     let mut decided = Vec::new();
     let mut ids = Vec::new();
     let mut link: Option<Arc<dyn Link<K, V>>> = None;
@@ -555,8 +558,9 @@ pub struct DeadLetter<K, V> {
 /// from an acknowledging receiver with `dead_letters()`.
 ///
 /// Dead letters waiting to be taken count toward the channel's `capacity` and
-/// `max_weight`, so a dead-letter stream nobody reads shows up as backpressure on the
-/// senders, not as memory that grows. Clones share the dead letters: each goes to one of
+/// `max_weight`: with either set, a dead-letter stream nobody reads shows up as
+/// backpressure on the senders, not as memory that grows. Without them, dead letters not
+/// taken stay in memory until the channel is dropped. Clones share the dead letters: each goes to one of
 /// them. The stream ends once the channel is closed, nothing is pending or in flight, and
 /// every dead letter was taken, or once every receiver is gone.
 ///

@@ -941,7 +941,8 @@ where
     }
 
     /// Takes everything pending now as batches of deliveries split by the caps. Keys in
-    /// flight stay in flight: their newer values are not taken.
+    /// flight stay in flight: their newer values are not taken. Keys held by
+    /// [`Delivery::retry_after`] wait out their delay, as they do for `recv`.
     ///
     /// # Examples
     ///
@@ -996,8 +997,8 @@ impl<S, K, V> AckReceiver<S, K, V> {
         self.inner.close()
     }
 
-    /// Pending values, over all keys; values in flight are not counted (see
-    /// [`Stats::in_flight_values`]).
+    /// Pending values, over all keys, those waiting out a retry delay included; values in
+    /// flight are not counted (see [`Stats::in_flight_values`]).
     ///
     /// # Examples
     ///

@@ -1354,7 +1354,8 @@ where
     }
 
     /// Takes everything pending now, deadlines ignored, as batches of deliveries split by
-    /// the caps. Keys in flight stay in flight: their newer values are not taken.
+    /// the caps. Keys in flight stay in flight: their newer values are not taken. Keys held
+    /// by [`Delivery::retry_after`] wait out their delay, as they do for `recv`.
     ///
     /// # Examples
     ///
@@ -1435,8 +1436,8 @@ impl<K, V> AckReceiver<K, V> {
         self.inner.close()
     }
 
-    /// Pending values, over all keys; values in flight are not counted (see
-    /// [`Stats::in_flight_values`]).
+    /// Pending values, over all keys, those waiting out a retry delay included; values in
+    /// flight are not counted (see [`Stats::in_flight_values`]).
     ///
     /// # Examples
     ///

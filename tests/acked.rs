@@ -103,6 +103,50 @@ async fn retry_after_joins_new_values() {
     ack_all(batch).await;
 }
 
+/// `drain_now` takes every key that is pending, due or not, but a key held by
+/// `retry_after` waits out its delay there too, as the docs say; `len` counts its values.
+#[tokio::test(start_paused = true)]
+async fn drain_now_leaves_retry_delays_alone() {
+    let (tx, mut rx) = timed::Builder::new(secs(60)).acked();
+    tx.try_send("a", 1).unwrap();
+    tx.try_send("b", 2).unwrap();
+    for delivery in rx.drain_now().into_iter().flatten() {
+        delivery.retry_after(secs(5)).await.unwrap();
+    }
+    tx.try_send("c", 3).unwrap();
+    let drained = rx.drain_now();
+    assert_eq!(drained.len(), 1);
+    assert_eq!(contents(&drained[0]), vec![("c", vec![3])]);
+    ack_all(drained.into_iter().flatten().collect()).await;
+    assert_eq!(rx.len(), 2);
+    advance(secs(5)).await;
+    let mut again: Vec<_> = rx.drain_now().iter().flat_map(|b| contents(b)).collect();
+    again.sort_unstable();
+    assert_eq!(again, vec![("a", vec![1]), ("b", vec![2])]);
+}
+
+/// Closing ends every retry delay, and a receiver already waiting for the held key is woken
+/// to take it at once.
+#[tokio::test(start_paused = true)]
+async fn close_wakes_a_receiver_waiting_on_a_retry_delay() {
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO).acked();
+    tx.send(1, "v").await.unwrap();
+    rx.recv()
+        .await
+        .unwrap()
+        .remove(0)
+        .retry_after(secs(60))
+        .await
+        .unwrap();
+    let mut waiting = task::spawn(rx.recv());
+    assert_pending!(waiting.poll());
+    drop(tx);
+    assert!(waiting.is_woken());
+    let batch = assert_ready!(waiting.poll()).unwrap();
+    assert_eq!(contents(&batch), vec![(1, vec!["v"])]);
+    assert_eq!(batch[0].attempt(), 2);
+}
+
 /// Rule 2: the retried key still respects `max_batch`; the rest stays held, and a value
 /// that came back never has attempt 1 again, even in the part split off.
 #[tokio::test(start_paused = true)]

@@ -343,6 +343,150 @@ fn unsplittable_key_shares_a_batch_when_it_fits() {
     );
 }
 
+// ===== panics in user code, acknowledging channels =====
+
+/// The keys a drain of `rx` hands out, each delivery acknowledged; ends when the stream
+/// does, or fails if it has not ended an hour of paused time after the last batch.
+async fn ack_until_end<S, K: Clone, V: Clone>(rx: &mut S) -> Vec<(K, Vec<V>)>
+where
+    S: futures::Stream<Item = Vec<keyed_batch::ack::Delivery<K, V>>> + Unpin,
+{
+    use futures::StreamExt;
+    let mut seen = Vec::new();
+    loop {
+        let next = tokio::time::timeout(HOUR, rx.next()).await;
+        let Some(batch) = next.expect("the stream ended") else {
+            return seen;
+        };
+        for d in batch {
+            seen.push((d.key().clone(), d.values().to_vec()));
+            d.ack().await.unwrap();
+        }
+    }
+}
+
+/// A retry runs no user code: the key's hash and weights were kept when it went out. So a
+/// retry of a key whose `Hash` now panics still puts it back, and the key is not stuck.
+#[tokio::test(start_paused = true)]
+async fn retry_runs_no_user_hash() {
+    let (tx, mut rx) = ordered::Builder::new()
+        .capacity(2)
+        .acked::<u32, Touchy, u32>();
+    tx.try_send(0, Touchy(7), 1).unwrap();
+    let d = rx.try_recv().unwrap().remove(0);
+    arm(7, &[What::Hash]);
+    let retried = catch_unwind(AssertUnwindSafe(|| d.retry()));
+    disarm();
+    retried.expect("retry hashed the key").await.unwrap();
+    assert_eq!(rx.stats().in_flight_keys, 0);
+    tx.try_send(0, Touchy(7), 2).unwrap();
+    drop(tx);
+    let seen = ack_until_end(&mut rx).await;
+    let seen: Vec<_> = seen.into_iter().map(|(k, v)| (k.0, v)).collect();
+    assert_eq!(seen, vec![(7, vec![1, 2])]);
+}
+
+/// An `Ord` that panics while an ack ends a key's hold (its newer values go back in order)
+/// leaves the key released, not held for ever: its values still come out.
+#[tokio::test(start_paused = true)]
+async fn ack_whose_ord_panics_still_releases_the_key() {
+    let (tx, mut rx) = ordered::Builder::new().acked::<TouchyRank, u32, u32>();
+    tx.try_send(TouchyRank(1), 1, 10).unwrap();
+    let d = rx.try_recv().unwrap().remove(0);
+    tx.try_send(TouchyRank(5), 2, 20).unwrap();
+    tx.try_send(TouchyRank(7), 1, 11).unwrap(); // joins held key 1
+    arm(7, &[What::Ord]);
+    let acked = catch_unwind(AssertUnwindSafe(|| d.ack()));
+    disarm();
+    if let Ok(decided) = acked {
+        decided.await.unwrap();
+    }
+    drop(tx);
+    let mut seen = ack_until_end(&mut rx).await;
+    seen.sort_unstable();
+    assert_eq!(seen, vec![(1, vec![11]), (2, vec![20])]);
+    assert_eq!(rx.stats().in_flight_keys, 0);
+}
+
+/// An `Ord` that panics after a batch of deliveries was taken, while the receiver looks at
+/// what comes next: the panic does not deadlock the channel (the deliveries it dropped go
+/// back), and nothing is lost.
+#[test]
+fn ord_panic_after_deliveries_are_taken() {
+    on_thread("acked Ord panic", || {
+        let rt = paused_runtime();
+        let (tx, mut rx) = ordered::Builder::new()
+            .max_batch(1)
+            .acked::<TouchyRank, u32, u32>();
+        tx.try_send(TouchyRank(1), 1, 10).unwrap();
+        tx.try_send(TouchyRank(5), 2, 20).unwrap();
+        tx.try_send(TouchyRank(3), 3, 30).unwrap(); // out of order
+        arm(5, &[What::Ord]);
+        let first = catch_unwind(AssertUnwindSafe(|| rx.try_recv()));
+        disarm();
+        let mut seen = Vec::new();
+        if let Ok(Ok(batch)) = first {
+            for d in batch {
+                seen.push((*d.key(), d.values().to_vec()));
+                rt.block_on(d.ack()).unwrap();
+            }
+        }
+        drop(tx);
+        seen.extend(rt.block_on(ack_until_end(&mut rx)));
+        seen.sort_unstable();
+        assert_eq!(seen, vec![(1, vec![10]), (2, vec![20]), (3, vec![30])]);
+    });
+}
+
+/// `ack_all` over an iterator that panics part way decides nothing, and the deliveries it
+/// had taken go back when dropped (as every undecided delivery does): none is stuck.
+#[tokio::test(start_paused = true)]
+async fn ack_all_iterator_panic_gives_the_deliveries_back() {
+    let (tx, mut rx) = ordered::Builder::new().acked::<u32, u32, u32>();
+    tx.try_send(0, 1, 1).unwrap();
+    tx.try_send(0, 2, 2).unwrap();
+    let batch = rx.try_recv().unwrap();
+    assert!(panics(|| {
+        keyed_batch::ack::ack_all(batch.into_iter().enumerate().map(|(i, d)| {
+            assert!(i < 1, "user code in the iterator");
+            d
+        }))
+    }));
+    let stats = rx.stats();
+    assert_eq!((stats.acked, stats.in_flight_keys), (0, 0));
+    drop(tx);
+    let mut seen = ack_until_end(&mut rx).await;
+    seen.sort_unstable();
+    assert_eq!(seen, vec![(1, vec![1]), (2, vec![2])]);
+}
+
+/// A sort key whose `Clone` always panics, when its held key needs a copy: as in a plain
+/// channel (`clone_that_always_panics_does_not_wedge_the_channel`), only the first receive
+/// panics, delivering nothing; the key then goes out whole, and the other keys follow.
+#[tokio::test(start_paused = true)]
+async fn acked_sort_key_clone_panic_does_not_wedge_the_channel() {
+    let (tx, mut rx) = ordered::Builder::new()
+        .max_batch(1)
+        .acked::<TouchyRank, u32, u32>();
+    tx.try_send(TouchyRank(5), 1, 10).unwrap();
+    tx.try_send(TouchyRank(5), 1, 11).unwrap();
+    tx.try_send(TouchyRank(6), 2, 20).unwrap();
+    arm(5, &[What::Clone]);
+    assert!(panics(|| rx.try_recv()));
+    assert_eq!((rx.len(), rx.stats().in_flight_keys), (3, 0));
+    let second = catch_unwind(AssertUnwindSafe(|| rx.try_recv()));
+    disarm();
+    let batch = second.expect("every receive panics").unwrap();
+    let got: Vec<_> = batch
+        .iter()
+        .map(|d| (*d.key(), d.values().to_vec()))
+        .collect();
+    assert_eq!(got, vec![(1, vec![10, 11])]);
+    keyed_batch::ack::ack_all(batch).await.unwrap();
+    drop(tx);
+    assert_eq!(ack_until_end(&mut rx).await, vec![(2, vec![20])]);
+}
+
 // ===== counted drops =====
 
 /// Counts the drops of each `Tracked` value it made.
@@ -643,6 +787,27 @@ fn replaced_and_stale_ranks_are_dropped_outside_the_lock() {
         // Two replaced slot ranks, two stale tickets, two delivered ranks and two live
         // tickets: every rank the channel held was dropped by then, none under the lock.
         assert!(hooked >= 6, "only {hooked} drops ran the hook");
+    });
+}
+
+/// A retried key goes back to the queue, and the key that is not needed any more (the queue
+/// already holds one) is dropped after the lock.
+#[test]
+fn retried_key_is_dropped_outside_the_lock() {
+    on_thread("retried key", || {
+        let rt = paused_runtime();
+        let (tx, mut rx) = timed::Builder::new(Duration::ZERO).acked::<Reentrant, u32>();
+        tx.try_send(Reentrant(1), 1).unwrap();
+        let d = rx.try_recv().unwrap().remove(0);
+        let probe = tx.clone();
+        let hooked = with_drop_hook(
+            move || assert_eq!(probe.len(), probe.len()),
+            || rt.block_on(d.retry()).unwrap(),
+        );
+        assert_eq!(hooked, 1);
+        let batch = rx.try_recv().unwrap();
+        assert_eq!(batch[0].values(), [1]);
+        assert_eq!(batch[0].attempt(), 2);
     });
 }
 

@@ -8,7 +8,7 @@
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};
-use std::hash::{BuildHasher, Hash};
+use std::hash::Hash;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -57,6 +57,10 @@ struct Flight<R> {
     attempt: u32,
     /// A time at or before which its first value entered.
     entered: u64,
+    /// Its key's hash, and its values' weights (`None`: all 1), for a retry: kept from the
+    /// take, so that a decision runs no user code.
+    hash: u64,
+    weights: Option<Vec<usize>>,
     /// The values' sequence numbers in a durable channel's log; empty in other channels.
     seqs: Vec<u64>,
 }
@@ -259,6 +263,8 @@ where
                     handed: taken.front.handed,
                     attempt,
                     entered,
+                    hash: taken.run.hash,
+                    weights: taken.front.weights,
                     seqs: taken.front.seqs,
                 });
                 let entered = flavor::instant(epoch, entered).unwrap_or(epoch);
@@ -273,6 +279,8 @@ where
 
     /// Ends the holds of retries whose delay is over, or of every one once the channel is
     /// closed: they are due at once.
+    /// `drain_now` does not end them early: a delay asked for by `retry_after` is a
+    /// backoff from a failing destination, not a deadline to flush.
     fn release_retries(&self, state: &mut State<F, K, V>, now: u64) {
         let closed = state.closed_at.is_some();
         let State { acked, queue, .. } = state;
@@ -294,16 +302,11 @@ where
     /// Makes a decision about the delivery `id`.
     fn decide_now(&self, id: u64, decision: Decision<K, V>) {
         let given_up = matches!(decision, Decision::GiveUp);
-        // User code (the weigher, `Hash`) runs before the lock is taken.
+        // No user code runs: the key's hash and the values' weights were kept when the
+        // delivery was taken. A weigher or `Hash` that panicked here would leave the key
+        // held for good.
         let retry = match decision {
-            Decision::Retry { after, key, values } => {
-                let weights: Option<Vec<usize>> = self
-                    .weigh
-                    .as_ref()
-                    .map(|weigh| values.iter().map(|v| weigh(v)).collect());
-                let hash = self.hasher.hash_one(&key);
-                Some((after, key, values, weights, hash))
-            }
+            Decision::Retry { after, key, values } => Some((after, key, values)),
             Decision::Ack | Decision::GiveUp => None,
         };
         let mut guard = self.lock();
@@ -320,15 +323,13 @@ where
         self.after_decisions(&mut guard);
     }
 
-    /// Makes a decision under the lock: `retry` holds what a retry hands back, weighed and
-    /// hashed before the lock was taken.
-    #[allow(clippy::type_complexity)]
+    /// Makes a decision under the lock: `retry` holds what a retry hands back.
     fn decide_locked(
         &self,
         guard: &mut Guard<'_, F, K, V>,
         id: u64,
         given_up: bool,
-        retry: Option<(Duration, K, Vec<V>, Option<Vec<usize>>, u64)>,
+        retry: Option<(Duration, K, Vec<V>)>,
     ) {
         let closed = guard.closed_at.is_some();
         let receivers = guard.receivers;
@@ -354,14 +355,14 @@ where
                     false => acked.acked += flight.count as u64,
                 }
             }
-            Some((_, key, values, _, _)) if receivers == 0 => {
+            Some((_, key, values)) if receivers == 0 => {
                 // No one will receive them: they are lost, and dropped after the lock.
                 guard.counts.lost += flight.count as u64;
                 guard.spare.0 = Some(key);
                 guard.spare_values = values;
             }
-            Some((_, key, values, weights, _)) if flight.attempt >= max_attempts => {
-                let weight = weights.map_or(values.len(), |w| w.iter().sum());
+            Some((_, key, values)) if flight.attempt >= max_attempts => {
+                let weight = flight.weight;
                 let letter = DeadLetter {
                     key,
                     values,
@@ -378,7 +379,8 @@ where
                 let acked = state.acked.as_deref().expect("an acknowledging channel");
                 acked.wake_dead(&mut guard.wakes);
             }
-            Some((after, key, values, weights, hash)) => {
+            Some((after, key, values)) => {
+                let (hash, weights) = (flight.hash, flight.weights);
                 guard.acked().retried += flight.count as u64;
                 let handed = (0..values.len())
                     .map(|i| flight.handed.get(i).copied().unwrap_or(0) + 1)
@@ -395,6 +397,8 @@ where
                 let rank = F::retried(rank.take().expect("not yet used"), now);
                 match flight.hold {
                     Some(hold) => {
+                        // The slot keeps its own key: this one drops after the lock.
+                        guard.spare.0 = Some(key);
                         let state = &mut **guard;
                         let given = state.queue.give_back(hold, back);
                         debug_assert!(given.is_ok(), "a hold lasts while its delivery flies");

@@ -748,10 +748,12 @@ where
     /// behind, and the sends that now have room.
     fn after_batch(&self, guard: &mut Guard<'_, F, K, V>, now: u64) {
         let closed = guard.closed_at.is_some();
+        // Each front on its own, so that no user `Ord` runs after the batch was taken: a
+        // panic here would lose the batch.
         let due_left = guard
             .queue
-            .peek_rank()
-            .is_some_and(|rank| closed || F::is_due(rank, now));
+            .fronts()
+            .any(|rank| closed || F::is_due(rank, now));
         if due_left {
             guard.wake_receivers();
         }
@@ -773,7 +775,8 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
     where
         F::Rank: Ord,
     {
-        let deadline = state.queue.peek_rank().and_then(F::deadline);
+        // The earlier of the fronts' deadlines, compared as times: no user `Ord` runs.
+        let deadline = state.queue.fronts().filter_map(F::deadline).min();
         let retry = state.acked.as_ref().and_then(|a| a.next_release());
         match (deadline, retry) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -1289,9 +1292,12 @@ where
         let coop = ready!(coop::poll_proceed(cx));
         loop {
             let chan = &*self.chan;
+            // Declared before the guard, so that, should user code panic under the lock,
+            // the batch drops after the lock is released: its drop may use the channel.
+            let batch;
             let mut guard = chan.lock();
             let now = chan.now();
-            let batch = take(chan, &mut guard, now, Take::Due);
+            batch = take(chan, &mut guard, now, Take::Due);
             if !batch.is_empty() || chan.is_drained(&guard) {
                 guard.receiving.leave(&mut self.waiting);
                 if batch.is_empty() {
@@ -1361,9 +1367,11 @@ where
         // A receiver last polled as a stream stops waiting: it holds no timer from now on.
         self.stop_waiting();
         let chan = &*self.chan;
+        // Dropped after the lock, should user code panic under it (see `poll_batch`).
+        let batch;
         let mut guard = chan.lock();
         let now = chan.now();
-        let batch = take(chan, &mut guard, now, Take::Due);
+        batch = take(chan, &mut guard, now, Take::Due);
         if batch.is_empty() {
             if chan.is_drained(&guard) {
                 guard.terminated = true;
@@ -1387,9 +1395,10 @@ where
     ) -> Vec<Vec<T>> {
         self.stop_waiting();
         let chan = &*self.chan;
+        // Dropped after the lock, should user code panic under it (see `poll_batch`).
+        let mut batches = Vec::new();
         let mut guard = chan.lock();
         let now = chan.now();
-        let mut batches = Vec::new();
         loop {
             // A panic in user code while a batch is made (a key's `Clone`) takes nothing
             // out; but the batches taken before it are out of the queue, and must not be
@@ -1459,7 +1468,7 @@ where
             .acked
             .as_ref()
             .is_some_and(|a| a.next_release().is_some());
-        if state.queue.peek_rank().is_none() && !retrying {
+        if state.queue.fronts().next().is_none() && !retrying {
             return None;
         }
         // Once closed, everything is due.

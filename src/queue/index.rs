@@ -137,6 +137,12 @@ impl<R> Index<R> {
         }
     }
 
+    /// The front of each part, without comparing them: no user `Ord` runs.
+    pub(super) fn fronts(&self) -> impl Iterator<Item = &Ticket<R>> {
+        let heap = self.heap.peek().map(|Reverse(t)| t);
+        self.fifo.front().into_iter().chain(heap)
+    }
+
     /// The smallest ticket.
     pub(super) fn front(&self) -> Option<&Ticket<R>>
     where

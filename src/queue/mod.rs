@@ -329,6 +329,12 @@ impl<R: Ord, K, V> SortedQueue<R, K, V> {
         self.index.front().map(|ticket| &ticket.rank)
     }
 
+    /// The ranks of the keys that may come out next, one of which is the smallest: found
+    /// without comparing ranks, so with no user `Ord`.
+    pub(crate) fn fronts(&self) -> impl Iterator<Item = &R> {
+        self.index.fronts().map(|ticket| &ticket.rank)
+    }
+
     /// Creates an empty queue.
     ///
     /// # Examples
@@ -670,7 +676,7 @@ where
                     let (slot, _) = entry.remove();
                     let Slot {
                         key,
-                        mut values,
+                        values,
                         extra,
                         rank,
                         hash,
@@ -680,20 +686,7 @@ where
                     if !self.unsplittable.is_empty() {
                         self.unsplittable.retain(|run| *run != Run { hash, seq });
                     }
-                    let front = match extra {
-                        None => Front {
-                            values,
-                            handed: Vec::new(),
-                            entered: None,
-                            seqs: Vec::new(),
-                        },
-                        Some(extra) => Front {
-                            values: std::mem::take(&mut values),
-                            handed: extra.handed,
-                            entered: extra.entered,
-                            seqs: extra.seqs,
-                        },
-                    };
+                    let front = slot::whole(values, extra);
                     // A plain batch has no use for the rank: it goes with the other drops
                     // the owner may defer.
                     let rank = match hold {
@@ -817,7 +810,18 @@ where
                         }
                     }
                 };
-                let rank = (hold && keep).then(|| ticket.rank.clone());
+                let rank = match hold && keep {
+                    false => None,
+                    // A rank whose `Clone` panics makes the key one that cannot be held:
+                    // next time it goes whole, its slot removed and its rank moved out.
+                    true => match panic::catch_unwind(AssertUnwindSafe(|| ticket.rank.clone())) {
+                        Ok(rank) => Some(rank),
+                        Err(panic) => {
+                            unsplittable.push(run);
+                            return Err(panic);
+                        }
+                    },
+                };
                 let split = !whole;
                 plan.push(Share {
                     bucket,
@@ -923,6 +927,9 @@ where
         let slot = entry.into_mut();
         self.next_id += 1;
         let id = self.next_id;
+        // The hold ends before user `Ord` runs: should it panic, the rebuild that mends the
+        // index gives the slot a ticket, and the key does not stay held.
+        slot.ticket = id;
         let index = &mut self.index;
         let old = index.guard(|index| {
             let old = match rank {
@@ -938,7 +945,6 @@ where
             });
             old
         });
-        slot.ticket = id;
         if let Some(old) = old {
             index.discard(old);
         }

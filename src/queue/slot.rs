@@ -53,6 +53,31 @@ pub(crate) enum Items<V> {
     Prepend(Returned<V>),
 }
 
+/// A whole slot's extras, as a front, for a slot taken whole.
+pub(super) fn whole<V>(values: Vec<V>, extra: Option<Box<Extra>>) -> Front<V> {
+    match extra.map(|e| *e) {
+        None => Front {
+            values,
+            weights: None,
+            handed: Vec::new(),
+            entered: None,
+            seqs: Vec::new(),
+        },
+        Some(Extra {
+            weights,
+            handed,
+            entered,
+            seqs,
+        }) => Front {
+            values,
+            weights: weights.map(|w| w.each),
+            handed,
+            entered,
+            seqs,
+        },
+    }
+}
+
 /// Values that come back to the front of their key.
 pub(crate) struct Returned<V> {
     pub(crate) values: Vec<V>,
@@ -105,6 +130,8 @@ impl<V> Items<V> {
 /// One key's values taken from the front.
 pub(crate) struct Front<V> {
     pub(crate) values: Vec<V>,
+    /// Their weights; `None`: all 1.
+    pub(crate) weights: Option<Vec<usize>>,
     /// How many times each of the first of them was handed out before (see
     /// [`Extra::handed`]).
     pub(crate) handed: Vec<u32>,
@@ -256,15 +283,17 @@ impl<R, K, V> Slot<R, K, V> {
         let Some(extra) = self.extra.as_deref_mut() else {
             return Front {
                 values,
+                weights: None,
                 handed: Vec::new(),
                 entered: None,
                 seqs: Vec::new(),
             };
         };
-        if let Some(weights) = &mut extra.weights {
-            weights.each.drain(..count);
+        let weights = extra.weights.as_mut().map(|weights| {
             weights.total -= weight;
-        }
+            let rest = weights.each.split_off(count);
+            mem::replace(&mut weights.each, rest)
+        });
         let rest = extra.handed.split_off(count.min(extra.handed.len()));
         let handed = mem::replace(&mut extra.handed, rest);
         let rest = extra.seqs.split_off(count.min(extra.seqs.len()));
@@ -277,6 +306,7 @@ impl<R, K, V> Slot<R, K, V> {
         }
         Front {
             values,
+            weights,
             handed,
             entered,
             seqs,
