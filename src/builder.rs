@@ -266,10 +266,7 @@ impl<F, W> Builder<F, W> {
     /// # }
     /// ```
     #[cfg_attr(docsrs, doc(cfg(feature = "durable")))]
-    pub fn durable(
-        self,
-        dir: impl AsRef<std::path::Path>,
-    ) -> crate::durable::DurableBuilder<F, W> {
+    pub fn durable(self, dir: impl AsRef<std::path::Path>) -> crate::durable::DurableBuilder<F, W> {
         crate::durable::DurableBuilder::new(self, dir.as_ref())
     }
 }

@@ -114,7 +114,7 @@ impl<W> crate::durable::DurableBuilder<builder::Ordered, W> {
     /// let (tx, mut rx) = ordered::Builder::new().durable(&dir).open::<u8, String, u32>().await?;
     /// tx.send(1, "k".to_string(), 7).await?;
     /// let batch = rx.recv().await.unwrap();
-    /// batch[0].ack().await?;
+    /// keyed_batch::ack::ack_all(batch).await?;
     /// # Ok(())
     /// # }
     /// ```
@@ -423,6 +423,24 @@ impl<S, K, V> Sender<S, K, V> {
     /// ```
     pub async fn closed(&self) {
         self.inner.closed().await
+    }
+
+    /// The error that failed a durable channel's log, if one did. A failed write or sync
+    /// poisons the log for good and closes the channel: every send since has handed its
+    /// value back, and this says why. `None` in other channels.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyed_batch::ordered;
+    ///
+    /// let (tx, _rx) = ordered::channel::<u8, u8, u8>();
+    /// assert!(tx.log_error().is_none());
+    /// ```
+    #[cfg(feature = "durable")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "durable")))]
+    pub fn log_error(&self) -> Option<std::sync::Arc<std::io::Error>> {
+        self.inner.log_error()
     }
 
     /// A snapshot of the channel's state and totals.

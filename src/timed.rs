@@ -251,7 +251,9 @@ impl<W> crate::durable::DurableBuilder<builder::Timed, W> {
     /// # }
     /// ```
     #[cfg_attr(docsrs, doc(cfg(feature = "durable")))]
-    pub async fn open<K, V>(self) -> Result<(Sender<K, V>, AckReceiver<K, V>), crate::durable::OpenError>
+    pub async fn open<K, V>(
+        self,
+    ) -> Result<(Sender<K, V>, AckReceiver<K, V>), crate::durable::OpenError>
     where
         K: serde::Serialize + serde::de::DeserializeOwned + Hash + Eq + Clone + Send + 'static,
         V: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
@@ -734,6 +736,25 @@ impl<K, V> Sender<K, V> {
     /// ```
     pub async fn closed(&self) {
         self.inner.closed().await
+    }
+
+    /// The error that failed a durable channel's log, if one did. A failed write or sync
+    /// poisons the log for good and closes the channel: every send since has handed its
+    /// value back, and this says why. `None` in other channels.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use keyed_batch::timed;
+    ///
+    /// let (tx, _rx) = timed::channel::<u8, u8>(Duration::from_secs(1));
+    /// assert!(tx.log_error().is_none());
+    /// ```
+    #[cfg(feature = "durable")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "durable")))]
+    pub fn log_error(&self) -> Option<std::sync::Arc<std::io::Error>> {
+        self.inner.log_error()
     }
 
     /// A snapshot of the channel's state and totals.

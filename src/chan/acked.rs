@@ -41,8 +41,23 @@ pub(super) struct Acked<F: Flavor, K, V> {
     attempts: [u64; 8],
 }
 
-/// Dead letters, each with its weight.
-type Dead<K, V> = VecDeque<(DeadLetter<K, V>, usize)>;
+/// Dead letters, each with its weight and, in a durable channel, its values' sequence
+/// numbers in the log.
+type Dead<K, V> = VecDeque<(DeadLetter<K, V>, usize, Vec<u64>)>;
+
+/// What decisions leave to record in a durable channel's log, once the lock is released:
+/// values done, and how many times values that came back were handed out. Both stay empty
+/// in other channels, whose values have no sequence numbers.
+///
+/// Written after the lock, the records may reach the log in another order than the
+/// decisions were made; that is harmless: a value's send record always comes first (it is
+/// written when the value goes in), a done value is never decided again, and recovery keeps
+/// the highest count of a value's retry records.
+#[derive(Default)]
+struct Notes {
+    done: Vec<u64>,
+    retried: Vec<(u64, u32)>,
+}
 
 /// A delivery in flight.
 struct Flight<R> {
@@ -300,7 +315,7 @@ where
     }
 
     /// Makes a decision about the delivery `id`.
-    fn decide_now(&self, id: u64, decision: Decision<K, V>) {
+    fn decide_now(&self, id: u64, decision: Decision<K, V>) -> Decided<()> {
         let given_up = matches!(decision, Decision::GiveUp);
         // No user code runs: the key's hash and the values' weights were kept when the
         // delivery was taken. A weigher or `Hash` that panicked here would leave the key
@@ -309,18 +324,25 @@ where
             Decision::Retry { after, key, values } => Some((after, key, values)),
             Decision::Ack | Decision::GiveUp => None,
         };
+        let mut notes = Notes::default();
         let mut guard = self.lock();
-        self.decide_locked(&mut guard, id, given_up, retry);
+        self.decide_locked(&mut guard, id, given_up, retry, &mut notes);
         self.after_decisions(&mut guard);
+        drop(guard);
+        self.record(notes)
     }
 
-    /// Acknowledges the deliveries `ids`, under one lock.
-    fn ack_many(&self, ids: &[u64]) {
+    /// Acknowledges the deliveries `ids`, under one lock, with one record in a durable
+    /// channel.
+    fn ack_many(&self, ids: &[u64]) -> Decided<()> {
+        let mut notes = Notes::default();
         let mut guard = self.lock();
         for &id in ids {
-            self.decide_locked(&mut guard, id, false, None);
+            self.decide_locked(&mut guard, id, false, None, &mut notes);
         }
         self.after_decisions(&mut guard);
+        drop(guard);
+        self.record(notes)
     }
 
     /// Makes a decision under the lock: `retry` holds what a retry hands back.
@@ -330,6 +352,7 @@ where
         id: u64,
         given_up: bool,
         retry: Option<(Duration, K, Vec<V>)>,
+        notes: &mut Notes,
     ) {
         let closed = guard.closed_at.is_some();
         let receivers = guard.receivers;
@@ -347,8 +370,11 @@ where
         guard.held_values -= flight.count;
         guard.held_weight -= flight.weight;
         let mut release = Some(Release::Keep);
+        // How many times each value has now been handed out.
+        let handed = |i: usize| flight.handed.get(i).copied().unwrap_or(0) + 1;
         match retry {
             None => {
+                notes.done.extend_from_slice(&flight.seqs);
                 let acked = guard.acked();
                 match given_up {
                     true => acked.given_up += flight.count as u64,
@@ -356,7 +382,8 @@ where
                 }
             }
             Some((_, key, values)) if receivers == 0 => {
-                // No one will receive them: they are lost, and dropped after the lock.
+                // No one will receive them: they are lost, and dropped after the lock. (A
+                // durable channel's log still has them: they come back at the next open.)
                 guard.counts.lost += flight.count as u64;
                 guard.spare.0 = Some(key);
                 guard.spare_values = values;
@@ -370,8 +397,12 @@ where
                 };
                 guard.held_values += flight.count;
                 guard.held_weight += weight;
+                let seqs = flight.seqs;
+                notes
+                    .retried
+                    .extend(seqs.iter().enumerate().map(|(i, &seq)| (seq, handed(i))));
                 let acked = guard.acked();
-                acked.dead.push_back((letter, weight));
+                acked.dead.push_back((letter, weight, seqs));
                 acked.dead_values += flight.count;
                 acked.dead_weight += weight;
                 acked.dead_lettered += flight.count as u64;
@@ -382,9 +413,10 @@ where
             Some((after, key, values)) => {
                 let (hash, weights) = (flight.hash, flight.weights);
                 guard.acked().retried += flight.count as u64;
-                let handed = (0..values.len())
-                    .map(|i| flight.handed.get(i).copied().unwrap_or(0) + 1)
-                    .collect();
+                let handed: Vec<u32> = (0..values.len()).map(handed).collect();
+                notes
+                    .retried
+                    .extend(flight.seqs.iter().copied().zip(handed.iter().copied()));
                 let back = Returned {
                     values,
                     weights,
@@ -468,13 +500,11 @@ where
     V: Send,
 {
     fn decide(&self, id: u64, decision: Decision<K, V>) -> Decided<()> {
-        self.decide_now(id, decision);
-        Decided::done(Ok(()))
+        self.decide_now(id, decision)
     }
 
     fn ack_all(&self, ids: &[u64]) -> Decided<()> {
-        self.ack_many(ids);
-        Decided::done(Ok(()))
+        self.ack_many(ids)
     }
 
     fn poll_dead(
@@ -484,8 +514,10 @@ where
     ) -> Poll<Option<DeadLetter<K, V>>> {
         let mut guard = self.lock();
         match self.take_dead(&mut guard) {
-            Ok(letter) => {
+            Ok((letter, seqs)) => {
                 guard.acked().dead_waiting.leave(waiting);
+                drop(guard);
+                self.record_taken(&seqs);
                 Poll::Ready(Some(letter))
             }
             Err(TryRecvError::Disconnected) => {
@@ -507,7 +539,9 @@ where
     }
 
     fn try_dead(&self) -> Result<DeadLetter<K, V>, TryRecvError> {
-        self.take_dead(&mut self.lock())
+        let (letter, seqs) = self.take_dead(&mut self.lock())?;
+        self.record_taken(&seqs);
+        Ok(letter)
     }
 
     fn stop_dead(&self, waiting: &mut Option<u64>) {
@@ -516,12 +550,15 @@ where
 }
 
 impl<F: Flavor, K, V> Chan<F, K, V> {
-    /// Takes the next dead letter: room comes back for it.
-    fn take_dead(&self, guard: &mut Guard<'_, F, K, V>) -> Result<DeadLetter<K, V>, TryRecvError> {
+    /// Takes the next dead letter, with its values' sequence numbers: room comes back for it.
+    fn take_dead(
+        &self,
+        guard: &mut Guard<'_, F, K, V>,
+    ) -> Result<(DeadLetter<K, V>, Vec<u64>), TryRecvError> {
         let receivers = guard.receivers;
         let drained = self.is_drained(guard);
         let acked = guard.acked();
-        let Some((letter, weight)) = acked.dead.pop_front() else {
+        let Some((letter, weight, seqs)) = acked.dead.pop_front() else {
             // No receiver left, or nothing that could still die: no more dead letters.
             return match receivers == 0 || drained {
                 true => Err(TryRecvError::Disconnected),
@@ -533,7 +570,32 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
         guard.held_values -= letter.values.len();
         guard.held_weight -= weight;
         self.serve(guard);
-        Ok(letter)
+        Ok((letter, seqs))
+    }
+
+    /// Records decisions in a durable channel's log: what they resolve to.
+    fn record(&self, notes: Notes) -> Decided<()> {
+        #[cfg(feature = "durable")]
+        {
+            if !notes.retried.is_empty() {
+                self.log_retried(&notes.retried);
+            }
+            self.decided(self.log_done(&notes.done))
+        }
+        #[cfg(not(feature = "durable"))]
+        {
+            let _ = notes;
+            Decided::done(Ok(()))
+        }
+    }
+
+    /// Records that a dead letter was taken, in a durable channel's log. Nothing waits for
+    /// the record: a dead letter taken just before a crash may come back once.
+    fn record_taken(&self, seqs: &[u64]) {
+        #[cfg(feature = "durable")]
+        let _ = self.log_done(seqs);
+        #[cfg(not(feature = "durable"))]
+        let _ = seqs;
     }
 }
 

@@ -37,11 +37,12 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
         };
         match record {
             Err(err) => Decided::done(Err(DeliveryError::Io(err))),
+            Ok(_) if log.journal.acks_early() => Decided::done(Ok(())),
             Ok(record) => {
                 let journal = Arc::clone(&log.journal);
-                Decided::waiting(async move {
-                    journal.written(record).await.map_err(DeliveryError::Io)
-                })
+                Decided::waiting(
+                    async move { journal.written(record).await.map_err(DeliveryError::Io) },
+                )
             }
         }
     }
@@ -95,18 +96,22 @@ where
             } = p;
             let mut clock = Clock::new(chan.epoch, &mut state.last_now);
             let items = Items::AppendLogged(value, weight, seq, handed);
-            let inserted = state.queue.insert(hash, key, items, |current, values, weight| {
-                let joining = Joining {
-                    current,
-                    values,
-                    weight,
-                    config,
-                    clock: &mut clock,
-                };
-                F::rank(input, joining)
-            });
+            let inserted = state
+                .queue
+                .insert(hash, key, items, |current, values, weight| {
+                    let joining = Joining {
+                        current,
+                        values,
+                        weight,
+                        config,
+                        clock: &mut clock,
+                    };
+                    F::rank(input, joining)
+                });
             let entered = flavor::since(chan.epoch, clocks.instant_of(arrival));
-            state.arrivals.extend(inserted.new_run.map(|run| (run, entered)));
+            state
+                .arrivals
+                .extend(inserted.new_run.map(|run| (run, entered)));
             spare.push((inserted.spare_key, inserted.spare_rank));
         }
         drop(guard);

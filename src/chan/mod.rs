@@ -491,7 +491,10 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
         let hash = self.hasher.hash_one(&key);
         // And `Serialize`, in a durable channel.
         #[cfg(feature = "durable")]
-        let encoded = self.log.as_ref().map(|log| log.encode(&input, &key, &value));
+        let encoded = self
+            .log
+            .as_ref()
+            .map(|log| log.encode(&input, &key, &value));
         Item {
             input,
             hash,
@@ -559,7 +562,9 @@ where
             let queued = item.as_mut().expect("an item to send");
             let encoded = queued.encoded.take().expect("encoded when the log is on");
             let Ok((seq, record)) = log.journal.send(&encoded) else {
-                // A failed log takes no more values: refused as by a closed channel.
+                // A failed log takes no more values: it closes the channel, so that every
+                // waiting send fails too, and receivers drain what is pending.
+                self.close(guard);
                 return Err(Blocked::Closed);
             };
             queued.seq = Some(seq);
@@ -606,11 +611,9 @@ where
         };
         // Read the clock under the lock, so ranks go in in the order values do.
         let mut clock = Clock::new(self.epoch, &mut state.last_now);
-        let inserted = state.queue.insert(
-            hash,
-            key,
-            items,
-            |current, values, weight| {
+        let inserted = state
+            .queue
+            .insert(hash, key, items, |current, values, weight| {
                 let joining = Joining {
                     current,
                     values,
@@ -619,8 +622,7 @@ where
                     clock: &mut clock,
                 };
                 F::rank(input, joining)
-            },
-        );
+            });
         // When the run started, for the oldest-age figure.
         let arrival = inserted.new_run.map(|run| (run, clock.now()));
         state.arrivals.extend(arrival);
@@ -833,10 +835,7 @@ where
     let parts = Parts {
         acked,
         epoch: Instant::now(),
-        #[cfg(feature = "durable")]
-        log: None,
-        #[cfg(not(feature = "durable"))]
-        log: std::marker::PhantomData,
+        log: Log::default(),
     };
     make(config, config::weigh(weigher), parts)
 }
@@ -864,13 +863,20 @@ where
 struct Parts<F: Flavor, K, V> {
     acked: bool,
     epoch: Instant,
-    #[cfg(feature = "durable")]
-    log: Option<crate::durable::Attached<F, K, V>>,
-    #[cfg(not(feature = "durable"))]
-    log: std::marker::PhantomData<fn() -> (F, K, V)>,
+    log: Log<F, K, V>,
 }
 
-fn make<F: Flavor, K, V>(config: Config, weigh: Weigh<V>, parts: Parts<F, K, V>) -> (Tx<F, K, V>, Rx<F, K, V>)
+/// A durable channel's log, in a channel's parts; nothing without the feature.
+#[cfg(feature = "durable")]
+type Log<F, K, V> = Option<crate::durable::Attached<F, K, V>>;
+#[cfg(not(feature = "durable"))]
+type Log<F, K, V> = std::marker::PhantomData<fn() -> (F, K, V)>;
+
+fn make<F: Flavor, K, V>(
+    config: Config,
+    weigh: Weigh<V>,
+    parts: Parts<F, K, V>,
+) -> (Tx<F, K, V>, Rx<F, K, V>)
 where
     F::Rank: Ord,
 {
@@ -952,7 +958,9 @@ where
         }
         let mut item = Some(self.chan.item(input, key, value));
         let mut guard = self.chan.lock();
-        let pushed = self.chan.try_push(&mut guard, &mut item, &mut None, Push::Now);
+        let pushed = self
+            .chan
+            .try_push(&mut guard, &mut item, &mut None, Push::Now);
         drop(guard);
         let full = match pushed {
             Ok(_) => return Ok(()),
@@ -996,7 +1004,10 @@ where
     #[cfg(feature = "durable")]
     async fn send_durably(&self, item: Item<F, K, V>, record: u64) -> Result<(), Refused<F, K, V>> {
         let chan = &*self.chan;
-        let log = chan.log.as_ref().expect("only a durable channel holds room");
+        let log = chan
+            .log
+            .as_ref()
+            .expect("only a durable channel holds room");
         // If this future is dropped now, the value is not sent: its room goes, and its
         // record is marked done, so that it does not come back after a restart.
         let mut held = HeldRoom {
@@ -1008,13 +1019,16 @@ where
         let mut guard = chan.lock();
         guard.held_values -= 1;
         guard.held_weight -= item.weight;
-        if let Err(err) = durable {
+        if durable.is_err() {
+            // `Sender::log_error` says why. The record may have reached the disk even so
+            // (a failed sync says nothing about what was written): the value may come back
+            // after a restart, which at-least-once allows.
+            chan.close(&mut guard);
             chan.serve(&mut guard);
             drop(guard);
             let Item {
                 input, key, value, ..
             } = item;
-            let _ = err;
             return Err(SendError((input, key, value)));
         }
         chan.insert_item(&mut guard, item);
@@ -1180,6 +1194,11 @@ impl<F: Flavor, K, V> Tx<F, K, V> {
 
     pub(crate) fn stats(&self) -> Stats {
         self.chan.stats()
+    }
+
+    #[cfg(feature = "durable")]
+    pub(crate) fn log_error(&self) -> Option<Arc<std::io::Error>> {
+        self.chan.log_error()
     }
 
     pub(crate) fn len(&self) -> usize {

@@ -31,6 +31,8 @@ pub(crate) struct Journal {
     marks: watch::Receiver<Marks>,
     policy: FsyncPolicy,
     committer: Mutex<Option<JoinHandle<()>>>,
+    #[cfg(feature = "fault-injection")]
+    acks_early: bool,
 }
 
 struct Shared {
@@ -46,6 +48,8 @@ struct Pending {
     sends: Vec<(u64, usize, usize)>,
     /// The values marked done in `buf`.
     done: Vec<u64>,
+    /// The handed-out counts recorded in `buf`.
+    retried: Vec<(u64, u32)>,
     /// The number of the last record appended.
     last: u64,
     next_seq: u64,
@@ -69,6 +73,9 @@ pub(crate) struct Place {
     pub(crate) segment: u64,
     pub(crate) offset: u64,
     pub(crate) len: u32,
+    /// How many times it was handed out, as its latest retry record says: copied forward
+    /// with it, since that record may be in a segment that goes.
+    pub(crate) handed: u32,
 }
 
 /// A segment, as the committer keeps it.
@@ -90,8 +97,49 @@ pub(crate) struct Files {
     pub(crate) segment_size: u64,
     /// Bytes in the segments, for the stats.
     pub(crate) bytes: u64,
-    /// The directory's lock, held while the log is open.
-    pub(crate) lock: File,
+    /// The directory's lock, held while the log is open: never read, released on drop.
+    pub(crate) _lock: File,
+    #[cfg(feature = "fault-injection")]
+    pub(crate) faults: Faults,
+}
+
+/// Faults injected for this crate's tests (the `fault-injection` feature): writes and syncs
+/// that fail, and mutants of the log's rules that the crash loop must catch.
+#[cfg(feature = "fault-injection")]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Faults {
+    /// Bytes written before a write fails as on a full disk.
+    pub(crate) write_budget: Option<u64>,
+    /// Syncs that succeed before one fails.
+    pub(crate) sync_budget: Option<u64>,
+    pub(crate) mutant: Option<Mutant>,
+}
+
+/// A broken rule, named by `KEYED_BATCH_MUTANT` when a log is opened.
+#[cfg(feature = "fault-injection")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mutant {
+    /// `ack-before-durable`: a decision resolves before its record is written.
+    AckBeforeDurable,
+    /// `non-prefix-delete`: any segment with no live value is deleted, prefix or not.
+    NonPrefixDelete,
+}
+
+#[cfg(feature = "fault-injection")]
+impl Mutant {
+    /// The mutant `KEYED_BATCH_MUTANT` names, if any.
+    ///
+    /// # Panics
+    ///
+    /// Panics on a name it does not know, so that a typo does not pass as a clean run.
+    pub(crate) fn from_env() -> Option<Mutant> {
+        match std::env::var("KEYED_BATCH_MUTANT").ok()?.as_str() {
+            "" => None,
+            "ack-before-durable" => Some(Mutant::AckBeforeDurable),
+            "non-prefix-delete" => Some(Mutant::NonPrefixDelete),
+            other => panic!("KEYED_BATCH_MUTANT={other}: no such mutant"),
+        }
+    }
 }
 
 /// Figures the channel's stats report.
@@ -117,6 +165,7 @@ impl Journal {
                 buf: Vec::new(),
                 sends: Vec::new(),
                 done: Vec::new(),
+                retried: Vec::new(),
                 last: 0,
                 next_seq,
                 closing: false,
@@ -125,6 +174,8 @@ impl Journal {
             work: Condvar::new(),
             marks: marks_tx,
         });
+        #[cfg(feature = "fault-injection")]
+        let acks_early = files.faults.mutant == Some(Mutant::AckBeforeDurable);
         let committer = {
             let shared = Arc::clone(&shared);
             thread::Builder::new()
@@ -136,11 +187,16 @@ impl Journal {
             marks,
             policy,
             committer: Mutex::new(Some(committer)),
+            #[cfg(feature = "fault-injection")]
+            acks_early,
         })
     }
 
     fn pending(&self) -> MutexGuard<'_, Pending> {
-        self.shared.pending.lock().unwrap_or_else(PoisonError::into_inner)
+        self.shared
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Appends a record to the buffer, if the log is not poisoned; returns its number.
@@ -187,7 +243,10 @@ impl Journal {
 
     /// Appends a record of how often values were handed out; returns its number.
     pub(crate) fn retried(&self, handed: &[(u64, u32)]) -> Result<u64, Arc<io::Error>> {
-        self.append(|p| log::put_retry(&mut p.buf, handed))
+        self.append(|p| {
+            log::put_retry(&mut p.buf, handed);
+            p.retried.extend_from_slice(handed);
+        })
     }
 
     /// Waits until record `record` is durable under the policy: synced for `Always`,
@@ -216,6 +275,15 @@ impl Journal {
         }
     }
 
+    /// Whether decisions resolve before their records are written: the `ack-before-durable`
+    /// mutant.
+    pub(crate) fn acks_early(&self) -> bool {
+        #[cfg(feature = "fault-injection")]
+        return self.acks_early;
+        #[cfg(not(feature = "fault-injection"))]
+        false
+    }
+
     /// The error that poisoned the log, if one did.
     pub(crate) fn poisoned(&self) -> Option<Arc<io::Error>> {
         self.pending().poisoned.clone()
@@ -231,12 +299,25 @@ impl Drop for Journal {
     fn drop(&mut self) {
         self.pending().closing = true;
         self.shared.work.notify_one();
-        let committer = self.committer.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let committer = self
+            .committer
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(committer) = committer.take() {
             // It writes and syncs what is buffered, then stops.
             let _ = committer.join();
         }
     }
+}
+
+/// What the committer took from the buffer in one go.
+struct Batch<'a> {
+    buf: &'a [u8],
+    sends: &'a [(u64, usize, usize)],
+    done: &'a [u64],
+    retried: &'a [(u64, u32)],
+    /// The number of the last record in `buf`.
+    last: u64,
 }
 
 /// The committer thread's state.
@@ -263,7 +344,7 @@ impl Committer {
 
     fn run(mut self) {
         loop {
-            let (buf, sends, done, last, closing) = {
+            let (buf, sends, done, retried, last, closing) = {
                 let mut pending = self
                     .shared
                     .pending
@@ -292,11 +373,19 @@ impl Committer {
                     std::mem::take(&mut p.buf),
                     std::mem::take(&mut p.sends),
                     std::mem::take(&mut p.done),
+                    std::mem::take(&mut p.retried),
                     p.last,
                     p.closing,
                 )
             };
-            if let Err(err) = self.commit(&buf, &sends, &done, last, closing) {
+            let batch = Batch {
+                buf: &buf,
+                sends: &sends,
+                done: &done,
+                retried: &retried,
+                last,
+            };
+            if let Err(err) = self.commit(batch, closing) {
                 self.poison(err);
                 return;
             }
@@ -307,20 +396,20 @@ impl Committer {
     }
 
     /// Writes `buf`, syncs it if the policy asks, raises the marks, and deletes what is done.
-    fn commit(
-        &mut self,
-        buf: &[u8],
-        sends: &[(u64, usize, usize)],
-        done: &[u64],
-        last: u64,
-        closing: bool,
-    ) -> io::Result<()> {
+    fn commit(&mut self, batch: Batch<'_>, closing: bool) -> io::Result<()> {
+        let Batch {
+            buf,
+            sends,
+            done,
+            retried,
+            last,
+        } = batch;
         if !buf.is_empty() {
             if self.files.current_len >= self.files.segment_size {
                 self.rotate()?;
             }
             let base = self.files.current_len;
-            self.files.current.write_all(buf)?;
+            self.write(buf)?;
             self.files.current_len += buf.len() as u64;
             self.files.bytes += buf.len() as u64;
             let segment = self.files.segments.back().expect("a current segment").index;
@@ -329,9 +418,19 @@ impl Committer {
                     segment,
                     offset: base + at as u64,
                     len: len as u32,
+                    handed: 0,
                 };
                 self.files.live.insert(seq, place);
-                self.files.segments.back_mut().expect("a current segment").live += 1;
+                self.files
+                    .segments
+                    .back_mut()
+                    .expect("a current segment")
+                    .live += 1;
+            }
+            for &(seq, handed) in retried {
+                if let Some(place) = self.files.live.get_mut(&seq) {
+                    place.handed = place.handed.max(handed);
+                }
             }
             self.written = last;
         }
@@ -345,7 +444,7 @@ impl Committer {
         if sync {
             // Never retried: after a failed fsync the kernel may have dropped the dirty
             // pages, and a second fsync would report success for data that is gone.
-            self.files.current.sync_data()?;
+            self.sync()?;
             self.synced = self.written;
             self.last_sync = Instant::now();
         }
@@ -369,9 +468,8 @@ impl Committer {
         for seq in done {
             if let Some(place) = self.files.live.remove(seq) {
                 let segments = &mut self.files.segments;
-                let first = segments.front().map_or(0, |s| s.index);
-                if let Some(segment) = segments.get_mut((place.segment - first) as usize) {
-                    segment.live -= 1;
+                if let Ok(at) = segments.binary_search_by_key(&place.segment, |s| s.index) {
+                    segments[at].live -= 1;
                 }
             }
         }
@@ -380,6 +478,10 @@ impl Committer {
     /// Deletes segments by prefix: the oldest goes once none of its values is live. With
     /// three segments or more, the oldest's live records are copied forward first.
     fn trim(&mut self) -> io::Result<()> {
+        #[cfg(feature = "fault-injection")]
+        if self.files.faults.mutant == Some(Mutant::NonPrefixDelete) {
+            return self.trim_any();
+        }
         loop {
             let segments = &self.files.segments;
             if segments.len() < 2 {
@@ -392,12 +494,36 @@ impl Committer {
                 }
                 self.copy_forward(oldest.index)?;
             }
-            let oldest = self.files.segments.pop_front().expect("two segments or more");
+            let oldest = self
+                .files
+                .segments
+                .pop_front()
+                .expect("two segments or more");
             let path = log::segment_path(&self.files.dir, oldest.index);
             self.files.bytes -= fs::metadata(&path).map_or(0, |m| m.len());
             fs::remove_file(&path)?;
             sync_dir(&self.files.dir, self.policy)?;
         }
+    }
+
+    /// A mutant of `trim` for the crash loop to catch: deletes any older segment with no live
+    /// value, prefix or not. A segment in the middle may hold the done records of values in
+    /// an older one, which come back at the next open.
+    #[cfg(feature = "fault-injection")]
+    fn trim_any(&mut self) -> io::Result<()> {
+        let newest = self.files.segments.len() - 1;
+        let mut at = 0;
+        while at < newest.min(self.files.segments.len() - 1) {
+            if self.files.segments[at].live > 0 {
+                at += 1;
+                continue;
+            }
+            let gone = self.files.segments.remove(at).expect("in range");
+            let path = log::segment_path(&self.files.dir, gone.index);
+            self.files.bytes -= fs::metadata(&path).map_or(0, |m| m.len());
+            fs::remove_file(&path)?;
+        }
+        Ok(())
     }
 
     /// Copies the live records of segment `index` into the newest segment, synced before
@@ -414,27 +540,40 @@ impl Committer {
         moving.sort_unstable_by_key(|(_, place)| place.offset);
         let mut buf = Vec::new();
         let mut moved = Vec::with_capacity(moving.len());
+        let mut handed = Vec::new();
         for (seq, place) in moving {
             old.seek(SeekFrom::Start(place.offset))?;
             let at = buf.len();
             buf.resize(at + place.len as usize, 0);
             old.read_exact(&mut buf[at..])?;
-            moved.push((seq, at, place.len));
+            moved.push((seq, at, place.len, place.handed));
+            if place.handed > 0 {
+                handed.push((seq, place.handed));
+            }
+        }
+        // The retry records that counted them may be in the segment that goes.
+        if !handed.is_empty() {
+            log::put_retry(&mut buf, &handed);
         }
         let base = self.files.current_len;
-        self.files.current.write_all(&buf)?;
-        self.files.current.sync_data()?;
+        self.write(&buf)?;
+        self.sync()?;
         self.files.current_len += buf.len() as u64;
         self.files.bytes += buf.len() as u64;
         let newest = self.files.segments.back().expect("a current segment").index;
-        for (seq, at, len) in moved {
+        for (seq, at, len, handed) in moved {
             let place = Place {
                 segment: newest,
                 offset: base + at as u64,
                 len,
+                handed,
             };
             self.files.live.insert(seq, place);
-            self.files.segments.back_mut().expect("a current segment").live += 1;
+            self.files
+                .segments
+                .back_mut()
+                .expect("a current segment")
+                .live += 1;
             self.files.segments.front_mut().expect("the oldest").live -= 1;
         }
         Ok(())
@@ -443,7 +582,7 @@ impl Committer {
     /// Starts a new segment: the old one is synced first, under every policy but `Never`.
     fn rotate(&mut self) -> io::Result<()> {
         if self.policy != FsyncPolicy::Never {
-            self.files.current.sync_data()?;
+            self.sync()?;
         }
         let index = self.files.segments.back().map_or(0, |s| s.index + 1);
         let (file, len) = create_segment(&self.files.dir, index)?;
@@ -453,6 +592,34 @@ impl Committer {
         self.files.bytes += len;
         self.files.segments.push_back(Segment { index, live: 0 });
         Ok(())
+    }
+
+    /// Appends `buf` to the newest segment.
+    fn write(&mut self, buf: &[u8]) -> io::Result<()> {
+        #[cfg(feature = "fault-injection")]
+        if let Some(left) = &mut self.files.faults.write_budget {
+            if (buf.len() as u64) > *left {
+                // As a full disk does: part of the write lands, then it fails.
+                let part = &buf[..*left as usize];
+                *left = 0;
+                self.files.current.write_all(part)?;
+                return Err(io::Error::from_raw_os_error(28)); // ENOSPC
+            }
+            *left -= buf.len() as u64;
+        }
+        self.files.current.write_all(buf)
+    }
+
+    /// Syncs the newest segment's data.
+    fn sync(&mut self) -> io::Result<()> {
+        #[cfg(feature = "fault-injection")]
+        if let Some(left) = &mut self.files.faults.sync_budget {
+            if *left == 0 {
+                return Err(io::Error::from_raw_os_error(5)); // EIO
+            }
+            *left -= 1;
+        }
+        self.files.current.sync_data()
     }
 
     /// The log failed: every waiting and later append fails with `err`.

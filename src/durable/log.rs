@@ -121,7 +121,8 @@ pub(crate) fn put_done(out: &mut Vec<u8>, seqs: &[u64]) {
     frame(out, |out| {
         out.push(DONE);
         out.extend_from_slice(&(seqs.len() as u32).to_le_bytes());
-        seqs.iter().for_each(|s| out.extend_from_slice(&s.to_le_bytes()));
+        seqs.iter()
+            .for_each(|s| out.extend_from_slice(&s.to_le_bytes()));
     });
 }
 
@@ -155,11 +156,13 @@ impl<'a> Fields<'a> {
     }
 
     fn u32(&mut self) -> Option<u32> {
-        self.take(4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+        self.take(4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
     }
 
     fn u64(&mut self) -> Option<u64> {
-        self.take(8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        self.take(8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
     }
 
     fn bytes(&mut self) -> Option<&'a [u8]> {
@@ -200,12 +203,12 @@ fn check_header(bytes: &[u8]) -> Result<usize, String> {
     }
     let version = u16::from_le_bytes([bytes[8], bytes[9]]);
     if version != VERSION {
-        return Err(format!("format version {version}, this code reads {VERSION}"));
+        return Err(format!(
+            "format version {version}, this code reads {VERSION}"
+        ));
     }
     let len = bytes[10] as usize;
-    let codec = bytes
-        .get(11..11 + len)
-        .ok_or("the header is cut short")?;
+    let codec = bytes.get(11..11 + len).ok_or("the header is cut short")?;
     if codec != CODEC.as_bytes() {
         let codec = String::from_utf8_lossy(codec);
         return Err(format!("codec {codec:?}, this code reads {CODEC:?}"));
@@ -257,9 +260,8 @@ pub(crate) fn scan(bytes: &[u8]) -> Scan<'_> {
 /// Whether any whole, valid record starts after `from`: if so, the bad record at `from` is
 /// corruption in the middle of the log, not a torn tail.
 pub(crate) fn valid_after(bytes: &[u8], from: usize) -> bool {
-    (from + 1..bytes.len()).any(|at| {
-        frame_at(bytes, at).is_some_and(|(body, _)| record(body).is_some())
-    })
+    (from + 1..bytes.len())
+        .any(|at| frame_at(bytes, at).is_some_and(|(body, _)| record(body).is_some()))
 }
 
 impl fmt::Display for Bad {
@@ -334,7 +336,10 @@ mod tests {
         bytes[at] ^= 0x40;
         let scan = scan(&bytes);
         assert_eq!(scan.bad, Some(Bad::Record(header().len())));
-        assert!(valid_after(&bytes, header().len()), "the Done record after it is whole");
+        assert!(
+            valid_after(&bytes, header().len()),
+            "the Done record after it is whole"
+        );
     }
 
     #[test]

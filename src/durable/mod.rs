@@ -21,7 +21,7 @@
 //! tx.send("customer-1".to_string(), 7).await?; // on disk when this returns
 //! drop(tx);
 //! let batch = rx.recv().await.unwrap();
-//! batch[0].ack().await?; // its record is written: it never comes back
+//! keyed_batch::ack::ack_all(batch).await?; // its record is written: it never comes back
 //! # Ok(())
 //! # }
 //! # fn tempdir() -> std::path::PathBuf {
@@ -39,7 +39,9 @@
 //! | `send` returned, with `FsyncPolicy::Interval(d)` | kept | kept if synced: lost at most from the last `d` |
 //! | `send` returned, with `FsyncPolicy::Never` | kept | lost if the OS had not written it |
 //! | `try_send` or the `Sink` returned | kept once the committer wrote it, a moment later | as for `send`, once written |
-//! | an acknowledgement (`ack`, `give_up`, a dead letter taken) resolved | never comes back | may come back once, if not yet synced: at-least-once |
+//! | a decision (`ack`, `ack_all`, `give_up`) resolved | never comes back | may come back once, if not yet synced: at-least-once |
+//! | a dead letter taken | never comes back once its record is written, a moment later; before that, comes back once | as for a decision |
+//! | a retry | comes back, with its attempts counted once the retry's record is written | as for `kill -9`, once synced |
 //!
 //! `send` resolves once its record is written, and, under `Always`, synced (`fdatasync`).
 //! Waiting sends are committed together: one write and one sync for every batch of sends
@@ -146,6 +148,8 @@ pub struct DurableBuilder<F, W = ()> {
     pub(crate) fsync: FsyncPolicy,
     pub(crate) salvage: bool,
     pub(crate) segment_size: u64,
+    #[cfg(feature = "fault-injection")]
+    pub(crate) faults: journal::Faults,
 }
 
 impl<F, W> DurableBuilder<F, W> {
@@ -156,6 +160,8 @@ impl<F, W> DurableBuilder<F, W> {
             fsync: FsyncPolicy::Always,
             salvage: false,
             segment_size: 64 << 20,
+            #[cfg(feature = "fault-injection")]
+            faults: journal::Faults::default(),
         }
     }
 
@@ -220,6 +226,23 @@ impl<F, W> DurableBuilder<F, W> {
     pub fn segment_size(mut self, bytes: u64) -> Self {
         assert!(bytes > 0, "segment_size must be at least 1");
         self.segment_size = bytes;
+        self
+    }
+}
+
+/// Faults for this crate's own tests: not part of the API.
+#[cfg(feature = "fault-injection")]
+#[doc(hidden)]
+impl<F, W> DurableBuilder<F, W> {
+    /// Writes fail, as on a full disk, once the log has written this many more bytes.
+    pub fn fail_writes_after(mut self, bytes: u64) -> Self {
+        self.faults.write_budget = Some(bytes);
+        self
+    }
+
+    /// Syncs fail, as on an I/O error, after this many more have succeeded.
+    pub fn fail_syncs_after(mut self, syncs: u64) -> Self {
+        self.faults.sync_budget = Some(syncs);
         self
     }
 }
@@ -363,6 +386,8 @@ where
         fsync,
         salvage,
         segment_size,
+        #[cfg(feature = "fault-injection")]
+        faults,
     } = builder;
     let config = builder.config.clone();
     let clocks = Clocks::now();
@@ -381,7 +406,16 @@ where
         .await
         .expect("reading the log does not panic")?
     };
-    let journal = Journal::start(recovered.files, fsync, recovered.next_seq)
+    let files = recovered.files;
+    #[cfg(feature = "fault-injection")]
+    let files = journal::Files {
+        faults: journal::Faults {
+            mutant: journal::Mutant::from_env(),
+            ..faults
+        },
+        ..files
+    };
+    let journal = Journal::start(files, fsync, recovered.next_seq)
         .map_err(|source| OpenError::Io { path: dir, source })?;
     let encode: EncodeSend<F, K, V> = Box::new(|input, key, value, clocks| Encoded {
         arrival: clocks.wall,

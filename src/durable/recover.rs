@@ -99,6 +99,7 @@ where
                         segment: *index,
                         offset: *offset as u64,
                         len: (log::FRAME + frame_len(bytes, *offset)) as u32,
+                        handed: 0,
                     };
                     // A record copied forward is the same value: the later place counts.
                     sends.insert(send.seq, (place, path, send.clone()));
@@ -110,7 +111,9 @@ where
                 Record::Retry(pairs) => {
                     for &(seq, count) in pairs {
                         max_seq = max_seq.max(Some(seq));
-                        handed.insert(seq, count);
+                        // Counts only grow; records may come in another order.
+                        let known = handed.entry(seq).or_insert(0);
+                        *known = count.max(*known);
                     }
                 }
             }
@@ -164,10 +167,11 @@ where
     let mut values = Vec::new();
     let mut live = HashMap::new();
     let mut counts: HashMap<u64, usize> = HashMap::new();
-    for (seq, (place, path, send)) in sends {
+    for (seq, (mut place, path, send)) in sends {
         if done.contains(&seq) {
             continue;
         }
+        place.handed = handed.get(&seq).copied().unwrap_or(0);
         let decode_error = |what: &'static str| {
             move |detail: String| OpenError::Decode {
                 segment: path.clone(),
@@ -176,9 +180,8 @@ where
                 detail,
             }
         };
-        let input =
-            F::decode_input(send.input, send.arrival, &opening.clocks, opening.config)
-                .map_err(decode_error("input"))?;
+        let input = F::decode_input(send.input, send.arrival, &opening.clocks, opening.config)
+            .map_err(decode_error("input"))?;
         let key = decode(send.key).map_err(decode_error("key"))?;
         let value = decode(send.value).map_err(decode_error("value"))?;
         values.push(Pending {
@@ -187,7 +190,7 @@ where
             input,
             key,
             value,
-            handed: handed.get(&seq).copied().unwrap_or(0),
+            handed: place.handed,
         });
         live.insert(seq, place);
         *counts.entry(place.segment).or_default() += 1;
@@ -237,7 +240,9 @@ where
         live,
         segment_size: opening.segment_size,
         bytes,
-        lock,
+        _lock: lock,
+        #[cfg(feature = "fault-injection")]
+        faults: journal::Faults::default(),
     };
     Ok(Recovered {
         files,
@@ -256,7 +261,10 @@ fn lock(dir: &Path) -> Result<File, OpenError> {
         .write(true)
         .open(&path)
         .map_err(io_error(&path))?;
-    match file.try_lock() {
+    // `File::try_lock` is Rust 1.89: the `durable` feature needs that, the core does not.
+    #[allow(clippy::incompatible_msrv)]
+    let locked = file.try_lock();
+    match locked {
         Ok(()) => Ok(file),
         Err(TryLockError::WouldBlock) => Err(OpenError::Locked {
             dir: dir.to_path_buf(),

@@ -1,0 +1,1 @@
+//! The crash loop (being written).
