@@ -1,38 +1,697 @@
-use keyed_batch::timed;
+//! Durable channels (`durable` feature): what a reopened directory hands back, and every
+//! error the module docs name (a held lock, a torn tail, corruption, a value that does not
+//! decode, a full disk, a failed sync), each checked from the outside.
+//!
+//! These tests do real file I/O in temporary directories, so they run on real time; none
+//! of them measures it. The crash loop, with real kills, is `tests/crash.rs`.
+
+use std::fs;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-#[tokio::test]
-async fn smoke() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = || timed::Builder::new(Duration::from_millis(10)).durable(dir.path());
-    let (tx, mut rx) = b().open::<String, u32>().await.unwrap();
-    for i in 0..10 {
-        tx.send(format!("k{}", i % 3), i).await.unwrap();
+use keyed_batch::ack::{ack_all, Delivery};
+use keyed_batch::durable::{FsyncPolicy, OpenError};
+use keyed_batch::error::{TryRecvError, TrySendError};
+use keyed_batch::{ordered, timed};
+use tempfile::TempDir;
+use tokio::time::Instant;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+type Tx = timed::Sender<String, u32>;
+type Rx = timed::AckReceiver<String, u32>;
+
+/// A `timed` builder for `dir` whose keys are due an hour after their first value, so that
+/// nothing is due unless a test says so. It does not sync: what these tests check holds
+/// for every policy once a write completes, and syncs would only make them slow. The tests
+/// of syncing ask for it.
+fn hourly(dir: &Path) -> keyed_batch::durable::DurableBuilder<keyed_batch::builder::Timed> {
+    timed::Builder::new(HOUR)
+        .durable(dir)
+        .fsync(FsyncPolicy::Never)
+}
+
+async fn open(dir: &Path) -> (Tx, Rx) {
+    hourly(dir).open().await.expect("the log opens")
+}
+
+/// Every delivery pending now, deadlines ignored, as `(key, values, attempt)`, in the order
+/// they came out; the deliveries are kept undecided in `held`.
+fn take_all(rx: &mut Rx, held: &mut Vec<Delivery<String, u32>>) -> Vec<(String, Vec<u32>, u32)> {
+    let mut seen = Vec::new();
+    for delivery in rx.drain_now().into_iter().flatten() {
+        seen.push((
+            delivery.key().clone(),
+            delivery.values().to_vec(),
+            delivery.attempt(),
+        ));
+        held.push(delivery);
     }
-    let batch = rx.recv().await.unwrap();
-    println!(
-        "{:?}",
-        batch
-            .iter()
-            .map(|d| (d.key().clone(), d.values().to_vec()))
-            .collect::<Vec<_>>()
-    );
-    let mut it = batch.into_iter();
-    it.next().unwrap().ack().await.unwrap();
-    it.next().unwrap().retry().await.unwrap();
-    drop(it);
+    seen
+}
+
+/// Sorted by key, for comparing sets of deliveries.
+fn sorted(mut seen: Vec<(String, Vec<u32>, u32)>) -> Vec<(String, Vec<u32>, u32)> {
+    seen.sort();
+    seen
+}
+
+fn k(name: &str) -> String {
+    name.to_string()
+}
+
+/// The log's segments, oldest first.
+fn segments(dir: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "kblog"))
+        .collect();
+    found.sort();
+    found
+}
+
+/// The offsets of a segment's records (after its header), read from their frames: a
+/// `u32` length, a `u32` checksum, then the body.
+fn record_offsets(bytes: &[u8]) -> Vec<usize> {
+    let header = 8 + 2 + 1 + bytes[10] as usize;
+    let mut offsets = Vec::new();
+    let mut at = header;
+    while at + 8 <= bytes.len() {
+        offsets.push(at);
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        at += 8 + len;
+    }
+    offsets
+}
+
+// ===== what comes back =====
+
+/// Values sent and not decided come back, under their keys, in the order they were sent,
+/// each key as one delivery on its first attempt; `log_recovered` counts them.
+#[tokio::test]
+async fn sent_values_come_back_in_order() {
+    let dir = TempDir::new().unwrap();
+    let (tx, rx) = open(dir.path()).await;
+    for v in 0..30 {
+        tx.send(format!("k{}", v % 3), v).await.unwrap();
+    }
     drop((tx, rx));
-    let (tx, mut rx) = b().open::<String, u32>().await.unwrap();
-    println!("stats {:?}", rx.stats());
-    drop(tx);
-    while let Some(batch) = rx.recv().await {
-        println!(
-            "{:?}",
-            batch
-                .iter()
-                .map(|d| (d.key().clone(), d.values().to_vec(), d.attempt()))
-                .collect::<Vec<_>>()
-        );
-        keyed_batch::ack::ack_all(batch).await.unwrap();
+    let (_tx, mut rx) = open(dir.path()).await;
+    assert_eq!(rx.stats().log_recovered, 30);
+    assert_eq!(rx.len(), 30);
+    let seen = sorted(take_all(&mut rx, &mut Vec::new()));
+    let want: Vec<_> = (0..3)
+        .map(|i| (format!("k{i}"), (0..30).filter(|v| v % 3 == i).collect(), 1))
+        .collect();
+    assert_eq!(seen, want);
+}
+
+/// Acknowledged and given-up values never come back; retried ones do, in front of their
+/// key's newer values, with their attempts counted; a delivery dropped undecided is a retry.
+#[tokio::test]
+async fn decisions_survive_a_reopen() {
+    let dir = TempDir::new().unwrap();
+    let (tx, mut rx) = open(dir.path()).await;
+    for (key, v) in [("acked", 1), ("given", 2), ("retried", 3), ("dropped", 4)] {
+        tx.send(k(key), v).await.unwrap();
+    }
+    let mut held = Vec::new();
+    take_all(&mut rx, &mut held);
+    tx.send(k("retried"), 5).await.unwrap(); // newer than the retried value
+    for delivery in held {
+        match delivery.key().as_str() {
+            "acked" => delivery.ack().await.unwrap(),
+            "given" => assert_eq!(delivery.give_up().await.unwrap(), (k("given"), vec![2])),
+            "retried" => delivery.retry().await.unwrap(),
+            _ => drop(delivery),
+        }
+    }
+    drop((tx, rx));
+    let (_tx, mut rx) = open(dir.path()).await;
+    let seen = sorted(take_all(&mut rx, &mut Vec::new()));
+    assert_eq!(
+        seen,
+        vec![(k("dropped"), vec![4], 2), (k("retried"), vec![3, 5], 2)]
+    );
+}
+
+/// `ack_all` writes one record for a whole batch: none of it comes back.
+#[tokio::test]
+async fn ack_all_survives_a_reopen() {
+    let dir = TempDir::new().unwrap();
+    let (tx, mut rx) = open(dir.path()).await;
+    for v in 0..10 {
+        tx.send(format!("k{v}"), v).await.unwrap();
+    }
+    let batch = rx.drain_now().into_iter().flatten().collect::<Vec<_>>();
+    assert_eq!(batch.len(), 10);
+    ack_all(batch).await.unwrap();
+    tx.send(k("late"), 10).await.unwrap();
+    drop((tx, rx));
+    let (_tx, mut rx) = open(dir.path()).await;
+    assert_eq!(
+        take_all(&mut rx, &mut Vec::new()),
+        vec![(k("late"), vec![10], 1)]
+    );
+}
+
+/// A dead letter taken never comes back. One not taken comes back as pending, with every
+/// attempt counted: its next retry makes it a dead letter again.
+#[tokio::test]
+async fn dead_letters_survive_a_reopen() {
+    let dir = TempDir::new().unwrap();
+    let builder = || {
+        timed::Builder::new(HOUR)
+            .max_attempts(1)
+            .durable(dir.path())
+    };
+    let (tx, mut rx) = builder().open::<String, u32>().await.unwrap();
+    tx.send(k("taken"), 1).await.unwrap();
+    tx.send(k("left"), 2).await.unwrap();
+    for delivery in rx.drain_now().into_iter().flatten() {
+        delivery.retry().await.unwrap();
+    }
+    let mut dead = rx.dead_letters();
+    let letter = dead.try_recv().unwrap();
+    assert_eq!(
+        (letter.key.as_str(), letter.values.clone()),
+        ("taken", vec![1])
+    );
+    drop((tx, rx, dead));
+    let (_tx, mut rx) = builder().open::<String, u32>().await.unwrap();
+    let mut held = Vec::new();
+    assert_eq!(take_all(&mut rx, &mut held), vec![(k("left"), vec![2], 2)]);
+    held.pop().unwrap().retry().await.unwrap();
+    let letter = rx.dead_letters().try_recv().unwrap();
+    assert_eq!((letter.key.as_str(), letter.attempts), ("left", 2));
+}
+
+/// `try_send` puts the value in at once; its record is written a moment later, and a clean
+/// close writes it: it comes back.
+#[tokio::test]
+async fn try_send_is_written_by_close() {
+    let dir = TempDir::new().unwrap();
+    let (tx, rx) = open(dir.path()).await;
+    tx.try_send(k("a"), 1).unwrap();
+    assert_eq!(rx.len(), 1, "in at once");
+    drop((tx, rx));
+    let (_tx, mut rx) = open(dir.path()).await;
+    assert_eq!(
+        take_all(&mut rx, &mut Vec::new()),
+        vec![(k("a"), vec![1], 1)]
+    );
+}
+
+/// A `send` dropped while it waits for its record to be durable was not sent: its room
+/// comes back, and the value does not come back after a reopen.
+#[tokio::test]
+async fn cancelled_send_does_not_come_back() {
+    let dir = TempDir::new().unwrap();
+    let (tx, rx) = open(dir.path()).await;
+    // The committer may be quick enough to finish a send on its first poll; then that value
+    // was sent, and comes back. Try until one is caught waiting.
+    let mut sent = Vec::new();
+    let cancelled = (0..1000)
+        .find(|&v| {
+            let mut send = tokio_test::task::spawn(tx.send(k("a"), v));
+            let waiting = send.poll().is_pending();
+            if !waiting {
+                sent.push(v);
+            }
+            waiting
+        })
+        .expect("every send finished on its first poll: nothing was cancelled");
+    assert_eq!(tx.len(), sent.len(), "the cancelled value is not pending");
+    drop((tx, rx));
+    let (_tx, mut rx) = open(dir.path()).await;
+    let seen = take_all(&mut rx, &mut Vec::new());
+    let want: Vec<_> = match sent.is_empty() {
+        true => Vec::new(),
+        false => vec![(k("a"), sent, 1)],
+    };
+    assert_eq!(seen, want, "value {cancelled} was cancelled");
+}
+
+/// Values sent from many tasks at once are committed in groups, and all come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_sends_all_come_back() {
+    let dir = TempDir::new().unwrap();
+    let (tx, rx) = open(dir.path()).await;
+    let tasks: Vec<_> = (0..16)
+        .map(|t| {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                for v in 0..50 {
+                    tx.send(format!("k{t}"), t * 100 + v).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    drop((tx, rx));
+    let (_tx, mut rx) = open(dir.path()).await;
+    let seen = sorted(take_all(&mut rx, &mut Vec::new()));
+    let mut want: Vec<_> = (0..16)
+        .map(|t| (format!("k{t}"), (0..50).map(|v| t * 100 + v).collect(), 1))
+        .collect();
+    want.sort();
+    assert_eq!(seen, want);
+}
+
+/// Every policy keeps what was sent across a clean close.
+#[tokio::test]
+async fn every_policy_keeps_values_across_a_close() {
+    for policy in [
+        FsyncPolicy::Always,
+        FsyncPolicy::Interval(Duration::from_millis(5)),
+        FsyncPolicy::Never,
+    ] {
+        let dir = TempDir::new().unwrap();
+        let builder = || hourly(dir.path()).fsync(policy);
+        let (tx, rx) = builder().open::<String, u32>().await.unwrap();
+        tx.send(k("a"), 1).await.unwrap();
+        tx.send(k("a"), 2).await.unwrap();
+        drop((tx, rx));
+        let (_tx, mut rx) = builder().open::<String, u32>().await.unwrap();
+        let seen = take_all(&mut rx, &mut Vec::new());
+        assert_eq!(seen, vec![(k("a"), vec![1, 2], 1)], "{policy:?}");
+    }
+}
+
+// ===== deadlines and sort keys =====
+
+/// A `timed` value's deadline is its wall-clock arrival plus the window: after a reopen it
+/// is not due sooner, nor later.
+#[tokio::test]
+async fn deadline_is_kept_across_a_reopen() {
+    let dir = TempDir::new().unwrap();
+    let (tx, rx) = open(dir.path()).await;
+    let sent = Instant::now();
+    tx.send(k("a"), 1).await.unwrap();
+    drop((tx, rx));
+    let (_tx, mut rx) = open(dir.path()).await;
+    let reopened = Instant::now();
+    let deadline = rx.next_deadline().expect("a pending key");
+    assert!(
+        deadline <= reopened + HOUR,
+        "not later than an hour after it was sent"
+    );
+    assert!(
+        deadline >= sent + HOUR - Duration::from_secs(1),
+        "nor much sooner"
+    );
+    assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Empty);
+}
+
+/// A value whose deadline passed while the channel was closed is due at once.
+#[tokio::test]
+async fn deadline_passed_while_down_is_due_at_once() {
+    let dir = TempDir::new().unwrap();
+    let builder = || timed::Builder::new(Duration::from_millis(20)).durable(dir.path());
+    let (tx, rx) = builder().open::<String, u32>().await.unwrap();
+    tx.send(k("a"), 1).await.unwrap();
+    drop((tx, rx));
+    std::thread::sleep(Duration::from_millis(50));
+    let (_tx, mut rx) = builder().open::<String, u32>().await.unwrap();
+    let batch = rx.try_recv().expect("due at once");
+    assert_eq!(batch[0].values(), [1]);
+}
+
+/// An `ordered` channel keeps sort keys: after a reopen, keys come out by them.
+#[tokio::test]
+async fn ordered_keeps_sort_keys() {
+    let dir = TempDir::new().unwrap();
+    let builder = || ordered::Builder::new().durable(dir.path());
+    let (tx, rx) = builder().open::<u32, String, u32>().await.unwrap();
+    tx.send(3, k("c"), 30).await.unwrap();
+    tx.send(1, k("a"), 10).await.unwrap();
+    tx.send(2, k("b"), 20).await.unwrap();
+    tx.send(0, k("c"), 31).await.unwrap(); // lowers c's rank
+    drop((tx, rx));
+    let (_tx, mut rx) = builder().open::<u32, String, u32>().await.unwrap();
+    let batch = rx.try_recv().unwrap();
+    let order: Vec<_> = batch
+        .iter()
+        .map(|delivery| (delivery.key().clone(), delivery.values().to_vec()))
+        .collect();
+    assert_eq!(
+        order,
+        vec![
+            (k("c"), vec![30, 31]),
+            (k("a"), vec![10]),
+            (k("b"), vec![20])
+        ]
+    );
+}
+
+// ===== the log on disk =====
+
+/// Once every value is done, old segments go: by prefix, down to the newest.
+#[tokio::test]
+async fn done_segments_are_deleted() {
+    let dir = TempDir::new().unwrap();
+    let builder = || hourly(dir.path()).segment_size(1024);
+    let (tx, mut rx) = builder().open::<String, u32>().await.unwrap();
+    for v in 0..200 {
+        tx.send(format!("k{}", v % 10), v).await.unwrap();
+    }
+    assert!(
+        segments(dir.path()).len() > 3,
+        "the sends filled several segments"
+    );
+    let batch = rx.drain_now().into_iter().flatten().collect::<Vec<_>>();
+    ack_all(batch).await.unwrap();
+    // The committer trims after it writes; closing waits for it.
+    drop((tx, rx));
+    assert_eq!(segments(dir.path()).len(), 1, "{:?}", segments(dir.path()));
+    let (_tx, rx) = builder().open::<String, u32>().await.unwrap();
+    assert_eq!((rx.len(), rx.stats().log_segments), (0, 1));
+}
+
+/// A delivery held for a long time pins nothing: its record is copied forward, and the log
+/// stays about two segments long while many more values are sent and acknowledged. After a
+/// reopen, the held value comes back, with the attempts its retries counted.
+#[tokio::test]
+async fn disk_use_stays_bounded_with_a_held_delivery() {
+    let dir = TempDir::new().unwrap();
+    let builder = || hourly(dir.path()).segment_size(4096);
+    let (tx, mut rx) = builder().open::<String, u32>().await.unwrap();
+    tx.send(k("held"), 0).await.unwrap();
+    // Two retries: attempt 3 is the one held.
+    for _ in 0..2 {
+        let delivery = rx.drain_now().into_iter().flatten().next().unwrap();
+        delivery.retry().await.unwrap();
+    }
+    let held = rx.drain_now().into_iter().flatten().next().unwrap();
+    assert_eq!(held.attempt(), 3);
+    let mut most = 0;
+    for round in 0..200u32 {
+        for v in 0..20 {
+            tx.send(format!("k{v}"), round * 100 + v).await.unwrap();
+        }
+        let batch = rx.drain_now().into_iter().flatten().collect::<Vec<_>>();
+        ack_all(batch).await.unwrap();
+        most = most.max(segments(dir.path()).len());
+    }
+    assert!(rx.stats().log_bytes > 0);
+    assert!(most <= 4, "the log grew to {most} segments");
+    drop(held); // a retry, with every receiver still here
+    drop((tx, rx));
+    let (_tx, mut rx) = builder().open::<String, u32>().await.unwrap();
+    assert_eq!(
+        take_all(&mut rx, &mut Vec::new()),
+        vec![(k("held"), vec![0], 4)]
+    );
+}
+
+/// The held value's attempts survive even when the retry records that counted them were in
+/// a segment that is gone: they are copied forward with it.
+#[tokio::test]
+async fn attempts_are_copied_forward() {
+    let dir = TempDir::new().unwrap();
+    let builder = || hourly(dir.path()).segment_size(2048);
+    let (tx, mut rx) = builder().open::<String, u32>().await.unwrap();
+    tx.send(k("held"), 0).await.unwrap();
+    let delivery = rx.drain_now().into_iter().flatten().next().unwrap();
+    delivery.retry().await.unwrap();
+    let held = rx.drain_now().into_iter().flatten().next().unwrap();
+    let first = segments(dir.path())[0].clone();
+    let mut round = 0;
+    while segments(dir.path()).contains(&first) {
+        round += 1;
+        assert!(round < 1000, "the first segment never went");
+        tx.send(k("other"), round).await.unwrap();
+        let batch = rx.drain_now().into_iter().flatten().collect::<Vec<_>>();
+        ack_all(batch).await.unwrap();
+    }
+    drop((tx, rx));
+    drop(held); // with no receiver left, a retry that is not recorded
+    let (_tx, mut rx) = builder().open::<String, u32>().await.unwrap();
+    assert_eq!(
+        take_all(&mut rx, &mut Vec::new()),
+        vec![(k("held"), vec![0], 2)]
+    );
+}
+
+// ===== errors at open =====
+
+/// A second open of a directory that is open fails, naming it; once the first channel is
+/// gone, the directory opens again.
+#[tokio::test]
+async fn second_open_is_locked() {
+    let dir = TempDir::new().unwrap();
+    let first = open(dir.path()).await;
+    let err = hourly(dir.path()).open::<String, u32>().await.unwrap_err();
+    assert!(matches!(&err, OpenError::Locked { dir: locked } if locked == dir.path()));
+    assert!(
+        err.to_string().contains(&dir.path().display().to_string()),
+        "{err}"
+    );
+    drop(first);
+    open(dir.path()).await;
+}
+
+/// A record cut short at the end of the newest segment, as by a crash in mid-write, is cut
+/// off; `log_truncated_bytes` says how many bytes went, and what came before is kept.
+#[tokio::test]
+async fn torn_tail_is_cut_off_and_counted() {
+    let dir = TempDir::new().unwrap();
+    let (tx, rx) = open(dir.path()).await;
+    tx.send(k("a"), 1).await.unwrap();
+    tx.send(k("a"), 2).await.unwrap();
+    drop((tx, rx));
+    let segment = segments(dir.path()).pop().unwrap();
+    let bytes = fs::read(&segment).unwrap();
+    let last = *record_offsets(&bytes).last().unwrap();
+    let cut = last + 5; // in the middle of the last record's frame
+    fs::write(&segment, &bytes[..cut]).unwrap();
+    let (_tx, mut rx) = open(dir.path()).await;
+    assert_eq!(
+        fs::read(&segment).unwrap().len(),
+        last,
+        "cut in the file too"
+    );
+    assert_eq!(rx.stats().log_truncated_bytes, (cut - last) as u64);
+    assert_eq!(
+        take_all(&mut rx, &mut Vec::new()),
+        vec![(k("a"), vec![1], 1)]
+    );
+}
+
+/// A bad record with good ones after it is corruption, not a torn tail: `open` fails,
+/// naming the segment and the offset. `salvage()` opens with what came before it, and
+/// counts what went.
+#[tokio::test]
+async fn corruption_is_an_error_unless_salvaged() {
+    let dir = TempDir::new().unwrap();
+    let (tx, rx) = open(dir.path()).await;
+    for v in 1..=3 {
+        tx.send(k("a"), v).await.unwrap();
+    }
+    drop((tx, rx));
+    let segment = segments(dir.path()).pop().unwrap();
+    let mut bytes = fs::read(&segment).unwrap();
+    let second = record_offsets(&bytes)[1];
+    bytes[second + 9] ^= 0xff; // a body byte: the checksum no longer matches
+    fs::write(&segment, &bytes).unwrap();
+
+    let err = hourly(dir.path()).open::<String, u32>().await.unwrap_err();
+    match &err {
+        OpenError::Corrupt {
+            segment: named,
+            offset,
+        } => {
+            assert_eq!((named, *offset), (&segment, second as u64));
+        }
+        other => panic!("not a corruption error: {other:?}"),
+    }
+    let text = err.to_string();
+    assert!(text.contains(&segment.display().to_string()) && text.contains(&second.to_string()));
+    assert_eq!(
+        fs::read(&segment).unwrap(),
+        bytes,
+        "a failed open changes nothing"
+    );
+
+    let (_tx, mut rx) = hourly(dir.path())
+        .salvage()
+        .open::<String, u32>()
+        .await
+        .unwrap();
+    assert_eq!(
+        rx.stats().log_truncated_bytes,
+        (bytes.len() - second) as u64
+    );
+    assert_eq!(
+        take_all(&mut rx, &mut Vec::new()),
+        vec![(k("a"), vec![1], 1)]
+    );
+}
+
+/// A bad record at the end of a segment that is not the newest is corruption too: only the
+/// newest segment can have been cut short by a crash.
+#[tokio::test]
+async fn bad_end_of_an_older_segment_is_corruption() {
+    let dir = TempDir::new().unwrap();
+    let builder = || hourly(dir.path()).segment_size(256);
+    let (tx, rx) = builder().open::<String, u32>().await.unwrap();
+    for v in 0..20 {
+        tx.send(k("a"), v).await.unwrap();
+    }
+    drop((tx, rx));
+    let oldest = segments(dir.path()).remove(0);
+    let bytes = fs::read(&oldest).unwrap();
+    let last = *record_offsets(&bytes).last().unwrap();
+    fs::write(&oldest, &bytes[..last + 3]).unwrap();
+    let err = builder().open::<String, u32>().await.unwrap_err();
+    assert!(
+        matches!(&err, OpenError::Corrupt { segment, offset } if *segment == oldest && *offset == last as u64),
+        "{err:?}"
+    );
+}
+
+/// A segment whose header is another format's fails to open, naming it.
+#[tokio::test]
+async fn foreign_header_is_an_error() {
+    let dir = TempDir::new().unwrap();
+    drop(open(dir.path()).await);
+    let segment = segments(dir.path()).pop().unwrap();
+    let mut bytes = fs::read(&segment).unwrap();
+    bytes[8] = 99; // the format version
+    fs::write(&segment, &bytes).unwrap();
+    let err = hourly(dir.path()).open::<String, u32>().await.unwrap_err();
+    assert!(
+        matches!(&err, OpenError::Header { segment: named, .. } if *named == segment),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains(&segment.display().to_string()));
+}
+
+/// A value that does not decode as the type the channel is opened with is an error naming
+/// where it is, not a value skipped.
+#[tokio::test]
+async fn value_that_does_not_decode_is_an_error() {
+    let dir = TempDir::new().unwrap();
+    let (tx, rx) = open(dir.path()).await;
+    tx.send(k("a"), 7).await.unwrap();
+    tx.send(k("b"), 300).await.unwrap(); // more than a `u8` holds
+    drop((tx, rx));
+    let err = hourly(dir.path()).open::<String, u8>().await.unwrap_err();
+    let segment = segments(dir.path()).pop().unwrap();
+    let second = record_offsets(&fs::read(&segment).unwrap())[1];
+    match &err {
+        OpenError::Decode {
+            segment: named,
+            offset,
+            what,
+            ..
+        } => assert_eq!((named, *offset, *what), (&segment, second as u64, "value")),
+        other => panic!("not a decode error: {other:?}"),
+    }
+    // Opened with the right types, nothing was lost.
+    let (_tx, mut rx) = open(dir.path()).await;
+    assert_eq!(rx.len(), 2);
+    assert!(matches!(rx.try_recv(), Err(TryRecvError::Empty)));
+}
+
+// ===== a failing disk =====
+
+/// A full disk poisons the log: the send that hit it and every later one fail and hand the
+/// value back, the channel closes, `log_error` says why, and decisions fail with the error.
+/// What was durable before comes back after a reopen.
+#[cfg(feature = "fault-injection")]
+#[tokio::test]
+async fn full_disk_poisons_the_log() {
+    use keyed_batch::error::DeliveryError;
+
+    let dir = TempDir::new().unwrap();
+    let (tx, mut rx) = hourly(dir.path())
+        .fail_writes_after(200)
+        .open::<String, u32>()
+        .await
+        .unwrap();
+    let mut sent = Vec::new();
+    let failed = loop {
+        let v = sent.len() as u32;
+        match tx.send(k("a"), v).await {
+            Ok(()) => sent.push(v),
+            Err(err) => break err.into_inner(),
+        }
+        assert!(sent.len() < 100, "the disk never filled");
+    };
+    assert_eq!(
+        failed,
+        (k("a"), sent.len() as u32),
+        "the value is handed back"
+    );
+    let err = tx.log_error().expect("the log failed");
+    assert_eq!(err.raw_os_error(), Some(28), "ENOSPC: {err}");
+    assert!(tx.is_closed());
+    assert!(matches!(
+        tx.try_send(k("b"), 1),
+        Err(TrySendError::Closed(_))
+    ));
+    assert!(tx.send(k("b"), 1).await.is_err());
+    // What is pending still goes out; its decision cannot be recorded.
+    let delivery = rx.drain_now().into_iter().flatten().next().unwrap();
+    assert_eq!(delivery.values(), sent.as_slice());
+    assert!(matches!(delivery.ack().await, Err(DeliveryError::Io(_))));
+    drop((tx, rx));
+    let (_tx, mut rx) = open(dir.path()).await;
+    assert_eq!(take_all(&mut rx, &mut Vec::new()), vec![(k("a"), sent, 1)]);
+}
+
+/// A failed fsync poisons the log for good: it is never retried, so the next send fails
+/// too, with the same error.
+#[cfg(feature = "fault-injection")]
+#[tokio::test]
+async fn failed_sync_is_not_retried() {
+    let dir = TempDir::new().unwrap();
+    let (tx, _rx) = hourly(dir.path())
+        .fsync(FsyncPolicy::Always)
+        .fail_syncs_after(1)
+        .open::<String, u32>()
+        .await
+        .unwrap();
+    tx.send(k("a"), 1).await.unwrap();
+    assert_eq!(
+        tx.send(k("a"), 2).await.unwrap_err().into_inner(),
+        (k("a"), 2)
+    );
+    assert_eq!(tx.log_error().unwrap().raw_os_error(), Some(5), "EIO");
+    assert_eq!(
+        tx.send(k("a"), 3).await.unwrap_err().into_inner(),
+        (k("a"), 3)
+    );
+}
+
+/// A failed log closes the channel at once: a send waiting for room, which touches no
+/// file, is woken and fails with its value too.
+#[cfg(feature = "fault-injection")]
+#[tokio::test]
+async fn waiting_sends_fail_when_the_log_does() {
+    let dir = TempDir::new().unwrap();
+    let (tx, mut rx) = timed::Builder::new(HOUR)
+        .capacity(2)
+        .durable(dir.path())
+        .fail_syncs_after(2)
+        .open::<String, u32>()
+        .await
+        .unwrap();
+    tx.send(k("a"), 1).await.unwrap();
+    tx.send(k("b"), 2).await.unwrap();
+    let mut waiting = tokio_test::task::spawn(tx.send(k("c"), 3));
+    assert!(waiting.poll().is_pending(), "no room");
+    // A retry writes a record, whose sync fails.
+    let delivery = rx.drain_now().into_iter().flatten().next().unwrap();
+    delivery.retry().await.unwrap();
+    tx.closed().await;
+    assert!(waiting.is_woken());
+    match waiting.poll() {
+        std::task::Poll::Ready(Err(err)) => assert_eq!(err.into_inner(), (k("c"), 3)),
+        other => panic!("the waiting send did not fail: {other:?}"),
     }
 }

@@ -57,6 +57,25 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
         }
     }
 
+    /// Has a failed log close the channel as soon as it fails, so that sends waiting for room
+    /// fail too, not only those that touch the log.
+    pub(super) fn close_on_log_failure(self: &Arc<Self>)
+    where
+        F: 'static,
+        F::Rank: Send,
+        K: Send + 'static,
+        V: Send + 'static,
+    {
+        let Some(log) = &self.log else { return };
+        // Weak: the journal is the channel's, and must not keep it alive.
+        let chan = Arc::downgrade(self);
+        log.journal.on_failure(Box::new(move || {
+            if let Some(chan) = chan.upgrade() {
+                chan.close(&mut chan.lock());
+            }
+        }));
+    }
+
     /// The error that poisoned the log, in a durable channel whose log failed.
     pub(super) fn log_error(&self) -> Option<Arc<io::Error>> {
         self.log.as_ref()?.journal.poisoned()

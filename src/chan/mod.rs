@@ -842,21 +842,23 @@ where
 
 /// Makes a durable channel: an acknowledging one with a log, whose clock starts at `epoch`.
 #[cfg(feature = "durable")]
-pub(crate) fn durable<F: Flavor, K, V>(
+pub(crate) fn durable<F: Flavor + 'static, K: Send + 'static, V: Send + 'static>(
     config: Config,
     weigher: impl Weigher<V>,
     log: crate::durable::Attached<F, K, V>,
     epoch: Instant,
 ) -> (Tx<F, K, V>, Rx<F, K, V>)
 where
-    F::Rank: Ord,
+    F::Rank: Ord + Send,
 {
     let parts = Parts {
         acked: true,
         epoch,
         log: Some(log),
     };
-    make(config, config::weigh(weigher), parts)
+    let (tx, rx) = make(config, config::weigh(weigher), parts);
+    tx.chan.close_on_log_failure();
+    (tx, rx)
 }
 
 /// What sets channels apart beside their limits.

@@ -8,9 +8,9 @@
 //! load, with no linger.
 //!
 //! The committer also keeps track of where each value that is not done lives, and deletes
-//! segments by prefix only: the oldest goes once none of its values is live. When a value
-//! held for long pins old segments, its record is copied forward into the newest segment
-//! first, so the log stays about two segments long.
+//! segments by prefix only: the oldest goes once none of its values is live. When values
+//! held for long pin old segments, their records are copied forward into the newest segment
+//! first, so the log stays within about twice its live records plus two segments.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::{self, File, OpenOptions};
@@ -39,7 +39,11 @@ struct Shared {
     pending: Mutex<Pending>,
     work: Condvar,
     marks: watch::Sender<Marks>,
+    /// What to do when the log fails: close its channel.
+    on_failure: Mutex<Option<OnFailure>>,
 }
+
+type OnFailure = Box<dyn FnOnce() + std::marker::Send>;
 
 /// What is appended and not yet written.
 struct Pending {
@@ -94,6 +98,8 @@ pub(crate) struct Files {
     pub(crate) current_len: u64,
     /// Where each value that is not done lives.
     pub(crate) live: HashMap<u64, Place>,
+    /// The bytes of their records.
+    pub(crate) live_bytes: u64,
     pub(crate) segment_size: u64,
     /// Bytes in the segments, for the stats.
     pub(crate) bytes: u64,
@@ -173,6 +179,7 @@ impl Journal {
             }),
             work: Condvar::new(),
             marks: marks_tx,
+            on_failure: Mutex::new(None),
         });
         #[cfg(feature = "fault-injection")]
         let acks_early = files.faults.mutant == Some(Mutant::AckBeforeDurable);
@@ -275,6 +282,21 @@ impl Journal {
         }
     }
 
+    /// Calls `f` when the log fails, on the committer's thread; at once if it has failed.
+    pub(crate) fn on_failure(&self, f: OnFailure) {
+        let mut slot = self
+            .shared
+            .on_failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if self.pending().poisoned.is_none() {
+            *slot = Some(f);
+            return;
+        }
+        drop(slot);
+        f();
+    }
+
     /// Whether decisions resolve before their records are written: the `ack-before-durable`
     /// mutant.
     pub(crate) fn acks_early(&self) -> bool {
@@ -304,8 +326,12 @@ impl Drop for Journal {
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner);
         if let Some(committer) = committer.take() {
-            // It writes and syncs what is buffered, then stops.
-            let _ = committer.join();
+            // It writes and syncs what is buffered, then stops. (Unless this is the committer
+            // itself, dropping the channel's last handle as it closes it after a failure: it
+            // stops as soon as that returns.)
+            if committer.thread().id() != thread::current().id() {
+                let _ = committer.join();
+            }
         }
     }
 }
@@ -421,6 +447,7 @@ impl Committer {
                     handed: 0,
                 };
                 self.files.live.insert(seq, place);
+                self.files.live_bytes += len as u64;
                 self.files
                     .segments
                     .back_mut()
@@ -467,6 +494,7 @@ impl Committer {
     fn forget(&mut self, done: &[u64]) {
         for seq in done {
             if let Some(place) = self.files.live.remove(seq) {
+                self.files.live_bytes -= u64::from(place.len);
                 let segments = &mut self.files.segments;
                 if let Ok(at) = segments.binary_search_by_key(&place.segment, |s| s.index) {
                     segments[at].live -= 1;
@@ -475,8 +503,14 @@ impl Committer {
         }
     }
 
-    /// Deletes segments by prefix: the oldest goes once none of its values is live. With
-    /// three segments or more, the oldest's live records are copied forward first.
+    /// Deletes segments by prefix: the oldest goes once none of its values is live. Its live
+    /// records are copied forward first once the log is much larger than what is live in
+    /// it: more than twice the live bytes, plus two segments.
+    ///
+    /// Copying sooner would not pay: in a backlog, where most records are live, every
+    /// record would be written again and again for nothing. Later, a few values held for
+    /// long, or a slow key, would pin every segment after them, and the log would grow
+    /// without bound.
     fn trim(&mut self) -> io::Result<()> {
         #[cfg(feature = "fault-injection")]
         if self.files.faults.mutant == Some(Mutant::NonPrefixDelete) {
@@ -489,7 +523,9 @@ impl Committer {
             }
             let oldest = &segments[0];
             if oldest.live > 0 {
-                if segments.len() < 3 {
+                let files = &self.files;
+                let slack = 2 * files.live_bytes + 2 * files.segment_size;
+                if segments.len() < 3 || files.bytes <= slack {
                     return Ok(());
                 }
                 self.copy_forward(oldest.index)?;
@@ -633,6 +669,15 @@ impl Committer {
         pending.poisoned = Some(Arc::clone(&err));
         drop(pending);
         self.shared.marks.send_modify(|m| m.poisoned = Some(err));
+        let on_failure = self
+            .shared
+            .on_failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(on_failure) = on_failure {
+            on_failure();
+        }
     }
 }
 

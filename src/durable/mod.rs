@@ -78,8 +78,9 @@
 //! records: sends (sequence number, wall-clock arrival, input, key and value, encoded with
 //! postcard), and done and retry records that name sequence numbers. Every record carries
 //! its length and a CRC-32C. One thread owns the files. Segments are deleted by prefix
-//! only, once none of their values is live; a value held a long time is copied forward
-//! first, so the log stays about two segments long.
+//! only, once none of their values is live; values held a long time are copied forward
+//! first. So the log's size stays within about twice its live records plus two segments:
+//! about two segments when little is pending, however long one delivery is held.
 
 use std::fmt;
 use std::hash::Hash;
@@ -205,7 +206,7 @@ impl<F, W> DurableBuilder<F, W> {
     }
 
     /// Starts a new segment once the newest has this many bytes; 64 MiB by default. The log
-    /// stays about two segments long, whatever its traffic.
+    /// stays within about twice its live records plus two segments, whatever its traffic.
     ///
     /// # Panics
     ///
@@ -330,9 +331,14 @@ pub(crate) fn encode<T: Serialize + ?Sized>(what: &str, item: &T) -> Vec<u8> {
     }
 }
 
-/// Decodes a key, value or sort key with the log's codec.
+/// Decodes a key, value or sort key with the log's codec. Every byte must be used: bytes
+/// left over mean the log was written with another type.
 pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
-    postcard::from_bytes(bytes).map_err(|err| err.to_string())
+    match postcard::take_from_bytes(bytes) {
+        Ok((item, [])) => Ok(item),
+        Ok((_, rest)) => Err(format!("{} bytes left over: not this type", rest.len())),
+        Err(err) => Err(err.to_string()),
+    }
 }
 
 /// A send's record, encoded before the channel's lock is taken.

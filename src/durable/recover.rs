@@ -166,6 +166,7 @@ where
 
     let mut values = Vec::new();
     let mut live = HashMap::new();
+    let mut live_bytes = 0;
     let mut counts: HashMap<u64, usize> = HashMap::new();
     for (seq, (mut place, path, send)) in sends {
         if done.contains(&seq) {
@@ -192,6 +193,7 @@ where
             value,
             handed: place.handed,
         });
+        live_bytes += u64::from(place.len);
         live.insert(seq, place);
         *counts.entry(place.segment).or_default() += 1;
     }
@@ -238,6 +240,7 @@ where
         current,
         current_len,
         live,
+        live_bytes,
         segment_size: opening.segment_size,
         bytes,
         _lock: lock,
