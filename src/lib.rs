@@ -176,6 +176,17 @@
 //! # }
 //! ```
 //!
+//! # Durable channels
+//!
+//! With the `durable` feature, `durable(dir)` on a builder, then `open().await`, makes an
+//! acknowledging channel whose values survive a crash: `send` resolves once the value is
+//! written to a log in `dir` (and synced, under the default `FsyncPolicy`), decisions are
+//! written there too, and reopening the directory hands back every value sent and not yet
+//! acknowledged or given up. Keys and values are serde types. The
+//! [`durable`](durable/index.html) module (built with the feature) has a table of what
+//! survives a `kill -9` and a power cut under each policy, and the errors `open` returns.
+//! The feature needs Rust 1.89.
+//!
 //! # Disconnection
 //!
 //! The channel closes when every sender is dropped (or closed as a `Sink`, with
@@ -201,9 +212,10 @@
 //! or a key is flushed), `Clone` of a key that a batch splits (in an acknowledging channel,
 //! of every key delivered, since its slot stays), and in `ordered`, `Ord` and `Clone` of
 //! sort keys. In an acknowledging channel, a key whose `Clone` panicked cannot be held: it
-//! goes out whole, and its newer values are not held back while it is in flight. `Hash` and the weigher run before the lock is taken. Keys, values
-//! and sort keys are dropped, and wakers woken, after it is released, so a `Drop` or a waker
-//! may use the channel.
+//! goes out whole, and its newer values are not held back while it is in flight. `Hash`,
+//! the weigher and, in a durable channel, `Serialize` run before the lock is taken, and
+//! never when a delivery is decided. Keys, values and sort keys are dropped, and wakers
+//! woken, after it is released, so a `Drop` or a waker may use the channel.
 
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

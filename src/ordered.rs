@@ -276,6 +276,10 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
     ///
     /// The key ranks by the smallest sort key among its pending values.
     ///
+    /// In a durable channel (the `durable` feature), `send` resolves once the value's
+    /// record is durable under the channel's `FsyncPolicy`, and the value goes in then. If
+    /// the log has failed, the value comes back in the error, and `log_error` says why.
+    ///
     /// # Errors
     ///
     /// If the channel is closed, the sort key, key and value come back in the error.
@@ -283,7 +287,9 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
     /// # Cancel safety
     ///
     /// If the future is dropped before it completes, the value is dropped with it and was
-    /// not sent, and the call gives up its place in the line of waiting senders.
+    /// not sent, and the call gives up its place in the line of waiting senders. In a
+    /// durable channel, its record, if written, is marked done: it does not come back after
+    /// a restart.
     ///
     /// # Examples
     ///
@@ -303,6 +309,10 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
     }
 
     /// Sends a value now, if the channel has room.
+    ///
+    /// In a durable channel (the `durable` feature), the value goes in at once and its
+    /// record is written a moment later, by the log's own thread: a crash before that loses
+    /// it. Use `send` to know that it is on disk.
     ///
     /// # Errors
     ///

@@ -77,15 +77,17 @@ pub struct Stats {
     pub attempts: [u64; 8],
     /// Values dropped because every receiver was gone: those pending when the last one
     /// went, dead letters not taken, and, in an acknowledging channel, values retried or
-    /// dropped undecided after that.
+    /// dropped undecided after that. A durable channel's log still has them: they come back
+    /// when its directory is opened again.
     pub lost: u64,
     /// Durable channels: values the log gave back when the channel opened.
     pub log_recovered: u64,
-    /// Durable channels: the log's segments.
+    /// Durable channels: the log's segments, as of its last write.
     pub log_segments: usize,
-    /// Durable channels: the bytes in the log's segments.
+    /// Durable channels: the bytes in the log's segments, as of its last write.
     pub log_bytes: u64,
-    /// Durable channels: bytes of a torn record at the log's end, cut off when it opened.
+    /// Durable channels: bytes cut off the log when it opened: a torn record at its end,
+    /// or, with `salvage`, everything from the first bad record on.
     pub log_truncated_bytes: u64,
     /// Live senders.
     pub senders: usize,

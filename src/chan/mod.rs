@@ -560,7 +560,10 @@ where
         #[cfg(feature = "durable")]
         if let Some(log) = &self.log {
             let queued = item.as_mut().expect("an item to send");
-            let encoded = queued.encoded.take().expect("encoded when the log is on");
+            let mut encoded = queued.encoded.take().expect("encoded when the log is on");
+            // Its arrival is now, when it goes in, not when it was encoded: the window starts
+            // after any wait for room.
+            encoded.arrival = crate::durable::Clocks::wall_now();
             let Ok((seq, record)) = log.journal.send(&encoded) else {
                 // A failed log takes no more values: it closes the channel, so that every
                 // waiting send fails too, and receivers drain what is pending.

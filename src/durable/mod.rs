@@ -270,13 +270,17 @@ pub(crate) struct Clocks {
 
 impl Clocks {
     pub(crate) fn now() -> Self {
-        let wall = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
         Clocks {
             now: Instant::now(),
-            wall,
+            wall: Self::wall_now(),
         }
+    }
+
+    /// The wall-clock time now, in nanoseconds since the Unix epoch.
+    pub(crate) fn wall_now() -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
     }
 
     /// The wall-clock time of `at`.
