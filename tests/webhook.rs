@@ -9,7 +9,8 @@
 //!
 //! Unlike the rest of the suite, these tests use real time and real sockets: the point is a
 //! real HTTP exchange, and paused time does not drive socket I/O. Each test runs one mode for
-//! 2 s, side by side, so the file takes about 3 s (5 s where the tests run two at a time).
+//! 2 s, side by side, so the file takes about 3 s (5 s where the tests run two at a time);
+//! with the `durable` feature, one more test runs three times in a row, about 8 s.
 
 // The example's `mod server;` and its other `mod` lines resolve beside `main.rs`, in
 // `examples/webhook/`: a file loaded through `#[path]` owns its directory, as a `mod.rs` does.
@@ -63,21 +64,30 @@ fn parse(args: &[&str]) -> Result<Option<Options>, clap::Error> {
 }
 
 async fn run(mode: &str, extra: &[&str]) -> Report {
-    let mut reports = webhook::run(&run_args(mode, extra)).await;
-    assert_eq!(reports.len(), 1, "one mode, one report");
-    let report = reports.remove(0);
+    let report = run_options(&run_args(mode, extra)).await;
     assert_eq!(report.mode, mode);
-    // 2,000 events/s for 2 s: the producers make a fixed number of events.
-    assert_eq!(report.events_produced, 4_000, "{report:#?}");
     // The failure path ran: 10% of some hundreds of requests failed.
     assert!(report.failed_requests > 0, "{report:#?}");
     report
 }
 
-/// Every event got in exactly once, and none was given up (there is no `--max-attempts`).
+/// Runs one mode with `options` and returns its report.
+async fn run_options(options: &Options) -> Report {
+    let mut reports = webhook::run(options).await;
+    assert_eq!(reports.len(), 1, "one mode, one report");
+    let report = reports.remove(0);
+    // The producers make a fixed number of events: 4,000 at 2,000 events/s for 2 s.
+    let events = options.events_per_producer() * u64::from(options.producers);
+    assert_eq!(report.events_produced, events, "{report:#?}");
+    report
+}
+
+/// Every event, those recovered from a `--durable` log included, got in exactly once, and
+/// none was given up (there is no `--max-attempts`).
 fn assert_exactly_once(report: &Report) {
     assert_eq!(
-        report.events_received, report.events_produced,
+        report.events_received,
+        report.events_produced + report.events_recovered,
         "{report:#?}"
     );
     assert_eq!(report.duplicate_events, 0, "{report:#?}");
@@ -160,6 +170,38 @@ async fn direct() {
     assert!(report.out_of_order_events > 0, "{report:#?}");
 }
 
+/// With `--durable`, a run stopped as a crash would, once its producers are done and while
+/// every customer is down, leaves all its events in the log. The next run delivers them with
+/// its own, each exactly once and each customer's in order, and after that run's clean close
+/// none of them comes back.
+#[cfg(feature = "durable")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable() {
+    let tmp = tempfile::tempdir().expect("a temporary directory");
+    let dir = tmp.path().to_str().expect("a UTF-8 path");
+    // Every send waits for a sync of the log: 1,000 events, not 4,000, keep the runs short.
+    let durable = ["--durable", dir, "--rate", "500"];
+
+    let down = ["--down-customers", "100", "--down-for", "3600s"];
+    let mut options = run_args("batched", &[&durable[..], &down].concat());
+    options.abandon = true;
+    let crashed = run_options(&options).await;
+    assert_eq!(crashed.events_received, 0, "{crashed:#?}");
+    assert_eq!(crashed.events_recovered, 0, "{crashed:#?}");
+
+    let restarted = run("batched", &durable).await;
+    assert_eq!(
+        restarted.events_recovered, crashed.events_produced,
+        "{restarted:#?}"
+    );
+    assert_exactly_once(&restarted);
+    assert_in_order_one_at_a_time(&restarted);
+
+    let again = run("batched", &durable).await;
+    assert_eq!(again.events_recovered, 0, "{again:#?}");
+    assert_exactly_once(&again);
+}
+
 /// The command line takes both `--name value` and `--name=value`, and refuses what it
 /// cannot run.
 #[test]
@@ -172,11 +214,13 @@ fn options() {
     assert_eq!(options.max_batch, Some(7));
     assert_eq!(options.capacity, None);
     assert_eq!((options.max_attempts, options.down_customers), (0, 0));
+    assert_eq!(options.down_for(), std::time::Duration::from_millis(750));
 
-    let options = parse(&["--max-attempts", "3", "--down-customers=5"])
+    let options = parse(&["--max-attempts=3", "--down-customers=5", "--down-for=2s"])
         .unwrap()
         .unwrap();
     assert_eq!((options.max_attempts, options.down_customers), (3, 5));
+    assert_eq!(options.down_for(), std::time::Duration::from_secs(2));
 
     assert!(parse(&["--help"]).unwrap().is_none());
     assert!(
@@ -193,4 +237,14 @@ fn options() {
     );
     assert!(parse(&["--mode", "sideways"]).is_err());
     assert!(parse(&["--rate"]).is_err(), "a missing value");
+
+    // `--durable` needs the `durable` feature, and says so.
+    let durable = parse(&["--durable", "/tmp/queue"]);
+    if cfg!(feature = "durable") {
+        let options = durable.unwrap().unwrap();
+        assert_eq!(options.durable, Some("/tmp/queue".into()));
+    } else {
+        let err = durable.unwrap_err().to_string();
+        assert!(err.contains("--features durable"), "{err}");
+    }
 }

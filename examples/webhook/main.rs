@@ -25,8 +25,9 @@
 //!
 //! The server deduplicates events by id, so "received" counts each event once, and it can fail
 //! a share of the requests with 503 (`--fail-rate 0.1`), or every request to some customers
-//! for the first half of the run (`--down-customers 50`). It also checks that each customer
-//! gets its events in order and never two requests at once, and counts what breaks either.
+//! for the first half of the run (`--down-customers 50`; `--down-for` sets how long). It also
+//! checks that each customer gets its events in order and never two requests at once, and
+//! counts what breaks either.
 //!
 //! Failed POSTs are retried with a backoff, up to `--max-attempts` POSTs an event (no limit by
 //! default); an event given up is a dead letter. Batched mode uses the channel's acknowledged
@@ -36,6 +37,11 @@
 //! a customer has one request at a time, in order. Ctrl-C (or the end of `--seconds`) stops
 //! the producers, closes the channel, delivers everything still pending, retries included,
 //! and prints the table; a second Ctrl-C quits at once.
+//!
+//! With `--durable DIR` (and `--features durable`), batched mode keeps its channel in a log in
+//! `DIR`: each event is written there, and synced, before its producer goes on, and a run killed with
+//! events pending leaves them there for the next run with the same `DIR` to deliver, ahead of
+//! its own.
 //!
 //! Run with `--help` for the options. Linux only for the CPU column (it reads `/proc`).
 //!
@@ -59,7 +65,7 @@ use clap::Parser as _;
 use futures::future::join_all;
 use keyed_batch::ack::{DeadLetters, Delivery};
 use keyed_batch::timed;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{sleep, Instant};
 
@@ -67,7 +73,7 @@ use client::Client;
 use options::Mode;
 pub use options::Options;
 pub use report::Report;
-use report::{CpuTime, Percentiles, Progress};
+use report::{thousands, CpuTime, Percentiles, Progress};
 use server::Server;
 use support::{now_us, Random, Stop};
 
@@ -76,6 +82,9 @@ async fn main() {
     let mut options = Options::parse();
     // The bar redraws its line; into a file or a pipe that would only be noise.
     options.progress = std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
+    if options.durable.is_some() {
+        support::clock_from_epoch();
+    }
     let reports = run(&options).await;
     println!("{}", report::table(&options, &reports));
     if let Some(path) = &options.json {
@@ -128,6 +137,7 @@ async fn run_mode(mode: Mode, options: &Options, stop: &Stop) -> Report {
     Report {
         mode: mode.name(),
         events_produced: produced.events,
+        events_recovered: produced.recovered,
         events_received: seen.events,
         duplicate_events: seen.duplicates,
         http_requests: seen.requests,
@@ -137,7 +147,8 @@ async fn run_mode(mode: Mode, options: &Options, stop: &Stop) -> Report {
         bytes_out: seen.bytes_out,
         body_bytes: seen.body_bytes,
         busiest_customer_requests: seen.busiest_customer_requests,
-        requests_per_1000_events: 1000.0 * seen.requests as f64 / produced.events.max(1) as f64,
+        requests_per_1000_events: 1000.0 * seen.requests as f64
+            / (produced.events + produced.recovered).max(1) as f64,
         delay_p50_ms: delays.ms(0.50),
         delay_p99_ms: delays.ms(0.99),
         delay_max_ms: delays.ms(1.0),
@@ -190,14 +201,38 @@ async fn run_batched(options: &Options, client: &Client, stop: &Stop) -> Produce
     if options.max_attempts > 0 {
         builder = builder.max_attempts(options.max_attempts);
     }
-    let (tx, rx) = builder.acked::<u32, Event>();
+    let (tx, rx) = match options.durable.as_deref() {
+        None => builder.acked(),
+        #[cfg(feature = "durable")]
+        Some(dir) => builder.durable(dir).open().await.unwrap_or_else(|err| {
+            eprintln!("error: cannot open the log in {}: {err}", dir.display());
+            std::process::exit(1)
+        }),
+        #[cfg(not(feature = "durable"))]
+        Some(_) => unreachable!("--durable is refused without the durable feature"),
+    };
+    // Events an earlier run left in the log, each due a window after it was first sent.
+    let recovered = rx.stats().log_recovered;
+    if let Some(dir) = &options.durable {
+        let (n, dir) = (thousands(recovered), dir.display());
+        eprintln!("batched: {n} events recovered from {dir}");
+    }
 
     // Dead letters not yet taken count toward `--capacity`: take them as they come.
     let dead = tokio::spawn(count_dead(rx.dead_letters(), client.clone()));
     let consumers: Vec<JoinHandle<()>> = (0..options.consumers)
         .map(|_| tokio::spawn(consume(rx.clone(), client.clone())))
         .collect();
-    let produced = produce(options, stop, |_| Sink::Batched(tx.clone())).await;
+    let mut produced = produce(options, stop, |_| Sink::Batched(tx.clone())).await;
+    produced.recovered = recovered;
+    if options.abandon {
+        // What a crash leaves: deliveries dropped undecided, a channel never closed.
+        for task in consumers.into_iter().chain([dead]) {
+            task.abort();
+            let _ = task.await;
+        }
+        return produced;
+    }
 
     // The producers are done. Closing the channel makes everything pending due at once, the
     // retries held for their backoff included. The stream ends once every delivery has been
@@ -242,13 +277,21 @@ async fn count_dead(mut dead: DeadLetters<u32, Event>, client: Client) {
 // ===== producers =====
 
 /// An event as the producers make it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 struct Event {
-    /// `made * producers + producer`: the server reads each producer's order from it.
+    /// `(first + made) * producers + producer`: the server reads each producer's order from
+    /// it. `first` is 0, or with `--durable` the clock at the start (see [`produce`]).
     id: u64,
-    /// Microseconds since the program started ([`now_us`]).
+    /// When it was made, on the events' clock ([`now_us`]).
     created_us: u64,
-    kind: &'static str,
+    kind: Kind,
+}
+
+/// What happened to the customer's data: one kind in this example.
+#[derive(Debug, Serialize, Deserialize)]
+enum Kind {
+    #[serde(rename = "order.updated")]
+    OrderUpdated,
 }
 
 /// Where a producer puts its events.
@@ -289,6 +332,8 @@ impl Sink {
 struct Produced {
     events: u64,
     seconds: f64,
+    /// Events a durable channel's log gave back when it opened: made by an earlier run.
+    recovered: u64,
 }
 
 /// Runs `--producers` tasks that make events at `--rate` in all for `--seconds` (or until
@@ -298,6 +343,13 @@ async fn produce(options: &Options, stop: &Stop, sink: impl Fn(u32) -> Sink) -> 
     let started = Instant::now();
     let rate = options.producer_rate();
     let total = options.events_per_producer();
+    // A durable run's ids start from the clock, above those of any earlier run whose events
+    // the log gives back: a producer makes less than one event a microsecond.
+    let first = if options.durable.is_some() {
+        now_us()
+    } else {
+        0
+    };
     let mut producers = JoinSet::new();
     for index in 0..options.producers {
         let (stop, mut sink) = (stop.clone(), sink(index));
@@ -310,9 +362,9 @@ async fn produce(options: &Options, stop: &Stop, sink: impl Fn(u32) -> Sink) -> 
                 let due = ((started.elapsed().as_secs_f64() * rate) as u64).min(total);
                 while made < due {
                     let event = Event {
-                        id: made * producers_count + u64::from(index),
+                        id: (first + made) * producers_count + u64::from(index),
                         created_us: now_us(),
-                        kind: "order.updated",
+                        kind: Kind::OrderUpdated,
                     };
                     sink.put(random.below(customers), event).await;
                     made += 1;
@@ -329,6 +381,7 @@ async fn produce(options: &Options, stop: &Stop, sink: impl Fn(u32) -> Sink) -> 
     let mut produced = Produced {
         events: 0,
         seconds: 0.0,
+        recovered: 0,
     };
     while let Some(done) = producers.join_next().await {
         let (events, seconds) = done.expect("producer panicked");

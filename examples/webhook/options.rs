@@ -60,12 +60,19 @@ pub struct Options {
     /// POSTs of an event before it is given up as a dead letter; 0: no limit
     #[arg(long, value_name = "N", default_value = "0")]
     pub max_attempts: u32,
-    /// Customers 0 to N-1 answer 503 to every request for the first half of --seconds
+    /// Customers 0 to N-1 answer 503 to every request for the first --down-for
     #[arg(long, value_name = "N", default_value = "0")]
     pub down_customers: u32,
+    /// How long the --down-customers are down [default: half of --seconds]
+    #[arg(long, value_name = "D", value_parser = duration)]
+    down_for: Option<Duration>,
     /// Seed for customers and failures
     #[arg(long, value_name = "N", default_value = "1")]
     pub seed: u64,
+    /// Batched: keep the channel in a log in DIR, and deliver what an earlier run left
+    /// there (needs the durable feature)
+    #[arg(long, value_name = "DIR", value_parser = durable_dir)]
+    pub durable: Option<PathBuf>,
     /// Also write the figures as JSON
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
@@ -73,6 +80,11 @@ pub struct Options {
     /// and stderr are terminals, and it stays off in the tests.
     #[arg(skip)]
     pub progress: bool,
+    /// Whether batched mode stops once its producers are done, dropping the channel with
+    /// everything still pending, as a crash would. Not an option: a test sets it, to stop a
+    /// `--durable` run in the middle without killing the process.
+    #[arg(skip)]
+    pub abandon: bool,
 }
 
 /// What `--mode` asks for.
@@ -115,6 +127,11 @@ impl Options {
     /// `--seconds`.
     pub fn events_per_producer(&self) -> u64 {
         (self.producer_rate() * self.seconds.as_secs_f64()).round() as u64
+    }
+
+    /// How long the `--down-customers` are down from the start.
+    pub fn down_for(&self) -> Duration {
+        self.down_for.unwrap_or(self.seconds / 2)
     }
 }
 
@@ -163,6 +180,19 @@ fn fail_rate(value: &str) -> Result<f64, String> {
 fn seconds(value: &str) -> Result<Duration, String> {
     let seconds: f64 = number(value)?;
     Duration::try_from_secs_f64(seconds).map_err(|_| format!("{seconds} is not a duration"))
+}
+
+/// `--durable`: a directory, where the example was built with the `durable` feature.
+fn durable_dir(value: &str) -> Result<PathBuf, String> {
+    if cfg!(feature = "durable") {
+        Ok(PathBuf::from(value))
+    } else {
+        Err(
+            "needs the durable feature: cargo run --release --features durable --example \
+             webhook -- ..."
+                .into(),
+        )
+    }
 }
 
 /// A duration with a unit: 1s, 500ms, 2.5s.

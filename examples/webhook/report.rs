@@ -16,6 +16,8 @@ use super::options::{Mode, Options};
 pub struct Report {
     pub mode: &'static str,
     pub events_produced: u64,
+    /// Events an earlier run left in the `--durable` log, delivered by this one.
+    pub events_recovered: u64,
     /// Distinct event ids the server accepted.
     pub events_received: u64,
     /// Events the server accepted more than once (0 when delivery is exactly once).
@@ -198,20 +200,27 @@ pub fn table(options: &Options, reports: &[Report]) -> String {
     );
     out.push_str("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
     for r in reports {
+        let mut produced = thousands(r.events_produced);
+        if r.events_recovered > 0 {
+            let _ = write!(produced, " + {} recovered", thousands(r.events_recovered));
+        }
         let mut received = thousands(r.events_received);
         if r.duplicate_events > 0 {
             let _ = write!(received, " (+{} twice)", thousands(r.duplicate_events));
         }
         let mut mode = r.mode.to_string();
-        if r.produce_seconds + 0.1 < options.seconds.as_secs_f64() {
+        let seconds = options.seconds.as_secs_f64();
+        if r.produce_seconds + 0.1 < seconds {
             let _ = write!(mode, " (Ctrl-C after {:.1} s)", r.produce_seconds);
+        } else if r.produce_seconds > seconds * 1.1 + 0.1 {
+            // Sends that wait, for `--capacity` or for a `--durable` log's syncs, slow them.
+            let _ = write!(mode, " (producers took {:.1} s)", r.produce_seconds);
         }
         let cpu = r.cpu_seconds.map_or("n/a".into(), |s| format!("{s:.1}"));
         let _ = writeln!(
             out,
-            "| {mode} | {} | {received} | {} | {:.1} | {} | {:.1} | {} | {} | {} | {cpu} \
-             | {} | {} | {} |",
-            thousands(r.events_produced),
+            "| {mode} | {produced} | {received} | {} | {:.1} | {} | {:.1} | {} | {} | {} \
+             | {cpu} | {} | {} | {} |",
             thousands(r.http_requests),
             r.requests_per_1000_events,
             thousands(r.tcp_connections),
@@ -235,7 +244,8 @@ pub fn table(options: &Options, reports: &[Report]) -> String {
     out
 }
 
-/// The table's note on `--down-customers` and `--max-attempts`, where they are set.
+/// The table's note on `--down-customers`, `--max-attempts` and `--durable`, where they are
+/// set.
 fn conditions(options: &Options) -> String {
     let mut out = String::new();
     if options.down_customers > 0 {
@@ -243,7 +253,7 @@ fn conditions(options: &Options) -> String {
             out,
             ", {} customers down for the first {} s",
             thousands(u64::from(options.down_customers)),
-            options.seconds.as_secs_f64() / 2.0,
+            options.down_for().as_secs_f64(),
         );
     }
     if options.max_attempts > 0 {
@@ -252,6 +262,9 @@ fn conditions(options: &Options) -> String {
             ", an event given up after {} POSTs",
             options.max_attempts
         );
+    }
+    if let Some(dir) = &options.durable {
+        let _ = write!(out, ", durable in {}", dir.display());
     }
     out
 }
@@ -273,6 +286,8 @@ pub fn json(options: &Options, reports: &[Report]) -> serde_json::Value {
             "backoff_ms": options.backoff.as_secs_f64() * 1000.0,
             "max_attempts": options.max_attempts,
             "down_customers": options.down_customers,
+            "down_for_s": options.down_for().as_secs_f64(),
+            "durable": options.durable,
             "seed": options.seed,
         },
         "bytes": "bytes_in and bytes_out are read and written on the server's sockets: \
@@ -291,7 +306,7 @@ fn milliseconds(ms: f64) -> String {
 }
 
 /// 1234567 as "1,234,567".
-fn thousands(n: u64) -> String {
+pub fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, digit) in digits.chars().enumerate() {

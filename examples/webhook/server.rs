@@ -118,7 +118,7 @@ impl Server {
             fail_rate: options.fail_rate,
             seed: options.seed,
             down_customers: options.down_customers,
-            down_until_us: now_us() + options.seconds.as_micros() as u64 / 2,
+            down_until_us: now_us() + options.down_for().as_micros() as u64,
             producers: u64::from(options.producers),
             log: Mutex::new(Log::default()),
             wire: wire.clone(),

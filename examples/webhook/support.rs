@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// Set once Ctrl-C is pressed; a second Ctrl-C quits at once.
 #[derive(Clone)]
@@ -29,14 +30,25 @@ impl Stop {
     }
 }
 
-/// Microseconds since the program first asked: the clock for creation and receipt times,
-/// shared by producers and server since both live in this process.
+/// The events' clock: an instant, and its reading then in microseconds.
+static CLOCK: OnceLock<(Instant, u64)> = OnceLock::new();
+
+/// Microseconds on the events' clock: the clock for creation and receipt times, shared by
+/// producers and server since both live in this process. It counts from the program's
+/// first reading, or, after [`clock_from_epoch`], from the Unix epoch.
 pub fn now_us() -> u64 {
-    static START: OnceLock<std::time::Instant> = OnceLock::new();
-    START
-        .get_or_init(std::time::Instant::now)
-        .elapsed()
-        .as_micros() as u64
+    let (start, at_start) = CLOCK.get_or_init(|| (Instant::now(), 0));
+    at_start + start.elapsed().as_micros() as u64
+}
+
+/// Makes the events' clock count from the Unix epoch, if it was not read yet: a `--durable`
+/// run delivers events that an earlier run made, and needs their times and ids on its clock.
+pub fn clock_from_epoch() {
+    let since_epoch = SystemTime::now().duration_since(UNIX_EPOCH);
+    let _ = CLOCK.set((
+        Instant::now(),
+        since_epoch.map_or(0, |d| d.as_micros() as u64),
+    ));
 }
 
 /// A small seeded generator (splitmix64): the same seed, the same customers.
