@@ -824,9 +824,10 @@ impl Modelled for Timed {
         closed_at: Option<u64>,
         base: Instant,
     ) -> (Option<Instant>, Option<Instant>) {
-        // Once closed, everything is due: at the latest when it closed.
-        let first = front.into_iter().chain(release).min();
-        let due = first.map(|at| closed_at.map_or(at, |closed| at.min(closed)));
+        // Once closed, every pending key is due, at the latest when it closed; held retries
+        // still wait out their delays.
+        let front = front.map(|at| closed_at.map_or(at, |closed| at.min(closed)));
+        let due = front.into_iter().chain(release).min();
         (rx.next_deadline(), due.map(|at| base + ms(at)))
     }
 }
@@ -1210,25 +1211,21 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
     /// is over, or a due key) or the end of the stream.
     fn can_receive(&self) -> bool {
         let (closed, now) = (self.closed, self.now);
-        let released = self
-            .acks
-            .delayed
-            .iter()
-            .any(|&(at, ..)| closed || at <= now);
+        let released = self.acks.delayed.iter().any(|&(at, ..)| at <= now);
         let due = self
             .model
             .front_rank()
             .is_some_and(|rank| closed || F::is_due(&rank, now));
-        let ended = closed && self.acks.flights.is_empty();
+        let ended = self.drained();
         released || due || ended
     }
 
-    /// Ends the holds of retries whose delay is over, or of all of them once closed.
+    /// Ends the holds of retries whose delay is over; a close does not end them.
     fn release_retries(&mut self) {
-        let (closed, now) = (self.closed, self.now);
+        let now = self.now;
         let model = &mut self.model;
         self.acks.delayed.retain(|&(at, key, rank)| {
-            let over = closed || at <= now;
+            let over = at <= now;
             if over {
                 model.release(key, Some(F::retried(rank, now)));
             }
@@ -1288,7 +1285,7 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
         let batch = self.take(false);
         if !batch.is_empty() {
             Some(Some(batch))
-        } else if self.closed && self.acks.flights.is_empty() {
+        } else if self.drained() {
             self.terminated = true;
             Some(None)
         } else {
@@ -1388,7 +1385,7 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
         } else {
             acks.retried += values.len() as u64;
             self.model.give_back(key, values);
-            match delay == 0 || self.closed {
+            match delay == 0 {
                 true => self.model.release(key, Some(F::retried(rank, self.now))),
                 false => acks.delayed.push((self.now + delay, key, rank)),
             }
@@ -1844,10 +1841,10 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
     }
 
     /// Closes the channel and drains it with `try_recv`, which must give exactly what the
-    /// model holds and then `Disconnected`. Deliveries are retried once, then
-    /// acknowledged; the dead letters are taken. Then every value sent must be in exactly
-    /// one place.
-    fn finish(&mut self) {
+    /// model holds and then `Disconnected`; while it is empty, time moves on to the next
+    /// held retry's release. Deliveries are retried once, then acknowledged; the dead
+    /// letters are taken. Then every value sent must be in exactly one place.
+    async fn finish(&mut self) {
         self.settle();
         for slot in &mut self.rxs {
             slot.recv = None;
@@ -1863,11 +1860,20 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
             loop {
                 let got = self.rxs[0].rx.borrow_mut().try_recv();
                 let ended = matches!(got, Err(TryRecvError::Disconnected));
+                let empty = matches!(got, Err(TryRecvError::Empty));
                 self.receive(outcome(got), "final drain");
                 if ended {
                     break;
                 }
                 self.decide_all();
+                // A closed channel is empty and not ended while a delivery flies, now
+                // decided, or a retry is held.
+                let release = self.acks.delayed.iter().map(|&(at, ..)| at).min();
+                if let Some(at) = release.filter(|_| empty) {
+                    tokio::time::advance(ms(at - self.now)).await;
+                    self.now = at;
+                    self.release_retries();
+                }
             }
         }
         // With no receiver left, deliveries may still be in flight.
@@ -1889,8 +1895,8 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
         }
     }
 
-    /// Decides every delivery in flight: retried after a delay (the close makes it due at
-    /// once) on its first attempt, acknowledged after that.
+    /// Decides every delivery in flight: retried after a delay on its first attempt,
+    /// acknowledged after that.
     fn decide_all(&mut self) {
         while let Some(flight) = self.acks.flights.first() {
             let how = match flight.attempt {
@@ -1934,7 +1940,7 @@ fn run_channel<F: Modelled, M: Mode<F>>(fl: F, limits: Limits, weights: Weights,
             }
             h.check();
         }
-        h.finish();
+        h.finish().await;
     });
 }
 

@@ -574,22 +574,26 @@ impl Committer {
             .map(|(seq, place)| (*seq, *place))
             .collect();
         moving.sort_unstable_by_key(|(_, place)| place.offset);
+        // The retry records that counted them may be in the segment that goes, so their
+        // counts are written again, before the copies: a write torn after a copy must not
+        // leave the copy without its count, since the next open takes the copy as the
+        // value's place and lets the source segment go.
+        let handed: Vec<(u64, u32)> = moving
+            .iter()
+            .filter(|(_, place)| place.handed > 0)
+            .map(|(seq, place)| (*seq, place.handed))
+            .collect();
         let mut buf = Vec::new();
+        if !handed.is_empty() {
+            log::put_retry(&mut buf, &handed);
+        }
         let mut moved = Vec::with_capacity(moving.len());
-        let mut handed = Vec::new();
         for (seq, place) in moving {
             old.seek(SeekFrom::Start(place.offset))?;
             let at = buf.len();
             buf.resize(at + place.len as usize, 0);
             old.read_exact(&mut buf[at..])?;
             moved.push((seq, at, place.len, place.handed));
-            if place.handed > 0 {
-                handed.push((seq, place.handed));
-            }
-        }
-        // The retry records that counted them may be in the segment that goes.
-        if !handed.is_empty() {
-            log::put_retry(&mut buf, &handed);
         }
         let base = self.files.current_len;
         self.write(&buf)?;
