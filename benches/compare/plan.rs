@@ -1,6 +1,7 @@
 //! What a run covers: the size the flags pick, the throughput scenarios and the lateness
 //! scenario.
 
+use crate::common::{Flags, Size};
 use crate::variants::{ALL, WINDOWED};
 
 /// How much a run does, and what it is narrowed to.
@@ -18,13 +19,9 @@ pub(crate) struct Plan {
 impl Plan {
     /// Reads the flags: `--quick`, `--bench` or `--full` pick the size, the rest narrow it.
     pub(crate) fn from_args(args: &[String]) -> Plan {
-        let has = |flag: &str| args.iter().any(|a| a == flag);
-        let value = |flag: &str| {
-            let at = args.iter().position(|a| a == flag)?;
-            args.get(at + 1).cloned()
-        };
-        let mut plan = if has("--quick") {
-            Plan {
+        let flags = Flags(args);
+        let mut plan = match flags.size() {
+            Size::Quick => Plan {
                 label: "quick",
                 rounds: 3,
                 values: 400_000,
@@ -33,9 +30,8 @@ impl Plan {
                 write_files: true,
                 only: None,
                 scenario_filter: None,
-            }
-        } else if has("--bench") || has("--full") {
-            Plan {
+            },
+            Size::Full => Plan {
                 label: "full",
                 rounds: 5,
                 values: 2_000_000,
@@ -44,9 +40,8 @@ impl Plan {
                 write_files: true,
                 only: None,
                 scenario_filter: None,
-            }
-        } else {
-            Plan {
+            },
+            Size::Smoke => Plan {
                 label: "smoke",
                 rounds: 1,
                 values: 20_000,
@@ -55,16 +50,16 @@ impl Plan {
                 write_files: false,
                 only: None,
                 scenario_filter: None,
-            }
+            },
         };
-        if let Some(n) = value("--rounds").and_then(|v| v.parse().ok()) {
+        if let Some(n) = flags.parsed("--rounds") {
             plan.rounds = n;
         }
-        if let Some(n) = value("--values").and_then(|v| v.parse().ok()) {
+        if let Some(n) = flags.parsed("--values") {
             plan.values = n;
         }
-        plan.only = value("--only").map(|v| v.split(',').map(str::to_string).collect());
-        plan.scenario_filter = value("--scenario");
+        plan.only = flags.list("--only");
+        plan.scenario_filter = flags.value("--scenario");
         plan
     }
 

@@ -7,20 +7,9 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::child::RunResult;
+pub(crate) use crate::common::median;
 use crate::plan::{Plan, Scenario, LATENESS_RATE, LATENESS_WINDOW_MS};
 use crate::variants::ALL;
-
-/// The median of `xs`; NaN if there are none.
-pub(crate) fn median(xs: &[f64]) -> f64 {
-    let mut xs = xs.to_vec();
-    xs.sort_by(f64::total_cmp);
-    let n = xs.len();
-    match n {
-        0 => f64::NAN,
-        _ if n % 2 == 1 => xs[n / 2],
-        _ => (xs[n / 2 - 1] + xs[n / 2]) / 2.0,
-    }
-}
 
 /// `x` rounded to two decimal places.
 pub(crate) fn round2(x: f64) -> f64 {
