@@ -12,7 +12,7 @@
 //! held for long pin old segments, their records are copied forward into the newest segment
 //! first, so the log stays within about twice its live records plus two segments.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -96,8 +96,11 @@ pub(crate) struct Files {
     /// The newest segment, open for appending, and its length.
     pub(crate) current: File,
     pub(crate) current_len: u64,
-    /// Where each value that is not done lives.
-    pub(crate) live: HashMap<u64, Place>,
+    /// Where each value that is not done lives. Ordered, not hashed: sequence numbers
+    /// come in rising order, which a B-tree appends at its right edge, and a recovered
+    /// log builds it from a sorted list in one pass, where a million random inserts into
+    /// a hash table would each miss the cache.
+    pub(crate) live: BTreeMap<u64, Place>,
     /// The bytes of their records.
     pub(crate) live_bytes: u64,
     pub(crate) segment_size: u64,

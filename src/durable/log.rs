@@ -57,15 +57,6 @@ pub(crate) enum Bad {
     Record(usize),
 }
 
-/// A segment read as far as it is good.
-#[derive(Debug)]
-pub(crate) struct Scan<'a> {
-    /// The records, each with its offset.
-    pub(crate) records: Vec<(usize, Record<'a>)>,
-    /// Where reading stopped, if not at the end.
-    pub(crate) bad: Option<Bad>,
-}
-
 /// The file name of segment `index`.
 pub(crate) fn segment_path(dir: &Path, index: u64) -> PathBuf {
     dir.join(format!("{index:020}.kblog"))
@@ -228,33 +219,24 @@ pub(crate) fn frame_at(bytes: &[u8], at: usize) -> Option<(&[u8], usize)> {
     (crc32c::crc32c(body) == crc).then_some((body, at + FRAME + len))
 }
 
-/// Reads a segment's records as far as they are good.
-pub(crate) fn scan(bytes: &[u8]) -> Scan<'_> {
+/// Reads a segment's records as far as they are good, handing each to `each` with its
+/// offset; says where and why reading stopped short, if it did. (A callback, not a list:
+/// recovery reads millions of records, and a list of them all would be memory to fault in.)
+pub(crate) fn scan<'a>(bytes: &'a [u8], mut each: impl FnMut(usize, Record<'a>)) -> Option<Bad> {
     let mut at = match check_header(bytes) {
         Ok(at) => at,
-        Err(why) => {
-            return Scan {
-                records: Vec::new(),
-                bad: Some(Bad::Header(why)),
-            }
-        }
+        Err(why) => return Some(Bad::Header(why)),
     };
-    let mut records = Vec::new();
     while at < bytes.len() {
         match frame_at(bytes, at).and_then(|(body, next)| Some((record(body)?, next))) {
             Some((rec, next)) => {
-                records.push((at, rec));
+                each(at, rec);
                 at = next;
             }
-            None => {
-                return Scan {
-                    records,
-                    bad: Some(Bad::Record(at)),
-                }
-            }
+            None => return Some(Bad::Record(at)),
         }
     }
-    Scan { records, bad: None }
+    None
 }
 
 /// Whether any whole, valid record starts after `from`: if so, the bad record at `from` is
@@ -291,6 +273,13 @@ mod tests {
         value: b"value",
     };
 
+    /// Every record `scan` hands out, with its offset, and where it stopped.
+    fn scan_all(bytes: &[u8]) -> (Vec<(usize, Record<'_>)>, Option<Bad>) {
+        let mut records = Vec::new();
+        let bad = scan(bytes, |at, record| records.push((at, record)));
+        (records, bad)
+    }
+
     #[test]
     fn records_read_back() {
         let bytes = segment(|out| {
@@ -298,9 +287,9 @@ mod tests {
             put_done(out, &[7, 9]);
             put_retry(out, &[(7, 2)]);
         });
-        let scan = scan(&bytes);
-        assert_eq!(scan.bad, None);
-        let records: Vec<_> = scan.records.into_iter().map(|(_, r)| r).collect();
+        let (records, bad) = scan_all(&bytes);
+        assert_eq!(bad, None);
+        let records: Vec<_> = records.into_iter().map(|(_, r)| r).collect();
         assert_eq!(
             records,
             vec![
@@ -319,9 +308,9 @@ mod tests {
         });
         let first_end = header().len() + FRAME + 1 + 16 + 4 + 1 + 4 + 3 + 4 + 5;
         for cut in first_end + 1..whole.len() {
-            let scan = scan(&whole[..cut]);
-            assert_eq!(scan.records.len(), 1, "cut at {cut}");
-            assert_eq!(scan.bad, Some(Bad::Record(first_end)));
+            let (records, bad) = scan_all(&whole[..cut]);
+            assert_eq!(records.len(), 1, "cut at {cut}");
+            assert_eq!(bad, Some(Bad::Record(first_end)));
             assert!(!valid_after(&whole[..cut], first_end));
         }
     }
@@ -334,8 +323,8 @@ mod tests {
         });
         let at = header().len() + FRAME + 3;
         bytes[at] ^= 0x40;
-        let scan = scan(&bytes);
-        assert_eq!(scan.bad, Some(Bad::Record(header().len())));
+        let (_, bad) = scan_all(&bytes);
+        assert_eq!(bad, Some(Bad::Record(header().len())));
         assert!(
             valid_after(&bytes, header().len()),
             "the Done record after it is whole"
@@ -346,11 +335,11 @@ mod tests {
     fn headers_are_checked() {
         let mut bytes = segment(|_| {});
         bytes[8] = 9;
-        assert!(matches!(scan(&bytes).bad, Some(Bad::Header(why)) if why.contains("version 9")));
+        assert!(matches!(scan_all(&bytes).1, Some(Bad::Header(why)) if why.contains("version 9")));
         let mut bytes = segment(|_| {});
         bytes[11] = b'x';
-        assert!(matches!(scan(&bytes).bad, Some(Bad::Header(why)) if why.contains("codec")));
-        assert!(matches!(scan(b"junk").bad, Some(Bad::Header(_))));
+        assert!(matches!(scan_all(&bytes).1, Some(Bad::Header(why)) if why.contains("codec")));
+        assert!(matches!(scan_all(b"junk").1, Some(Bad::Header(_))));
     }
 
     #[test]

@@ -1,11 +1,12 @@
 //! Opening a log: the directory's lock, then every segment read back, a torn tail cut off,
 //! and what is not done decoded, to be pending again.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io;
 use std::path::{Path, PathBuf};
 
+use hashbrown::{HashMap, HashSet};
 use serde::de::DeserializeOwned;
 
 use super::journal::{self, Files, Place, Segment};
@@ -83,42 +84,38 @@ where
     }
 
     let mut truncated = 0;
-    let mut sends = BTreeMap::new();
+    let mut sends = Vec::new();
     let mut done = HashSet::new();
     let mut handed = HashMap::new();
     let mut max_seq = None;
     let mut keep = contents.len();
     for (at, (index, path, bytes)) in contents.iter().enumerate() {
         let last = at + 1 == contents.len();
-        let scan = log::scan(bytes);
-        for (offset, record) in &scan.records {
-            match record {
-                Record::Send(send) => {
-                    max_seq = max_seq.max(Some(send.seq));
-                    let place = Place {
-                        segment: *index,
-                        offset: *offset as u64,
-                        len: (log::FRAME + frame_len(bytes, *offset)) as u32,
-                        handed: 0,
-                    };
-                    // A record copied forward is the same value: the later place counts.
-                    sends.insert(send.seq, (place, path, send.clone()));
-                }
-                Record::Done(seqs) => {
-                    max_seq = max_seq.max(seqs.iter().copied().max());
-                    done.extend(seqs.iter().copied());
-                }
-                Record::Retry(pairs) => {
-                    for &(seq, count) in pairs {
-                        max_seq = max_seq.max(Some(seq));
-                        // Counts only grow; records may come in another order.
-                        let known = handed.entry(seq).or_insert(0);
-                        *known = count.max(*known);
-                    }
+        let bad = log::scan(bytes, |offset, record| match record {
+            Record::Send(send) => {
+                max_seq = max_seq.max(Some(send.seq));
+                let place = Place {
+                    segment: *index,
+                    offset: offset as u64,
+                    len: (log::FRAME + frame_len(bytes, offset)) as u32,
+                    handed: 0,
+                };
+                sends.push((send.seq, place, at, send));
+            }
+            Record::Done(seqs) => {
+                max_seq = max_seq.max(seqs.iter().copied().max());
+                done.extend(seqs.iter().copied());
+            }
+            Record::Retry(pairs) => {
+                for &(seq, count) in &pairs {
+                    max_seq = max_seq.max(Some(seq));
+                    // Counts only grow; records may come in another order.
+                    let known = handed.entry(seq).or_insert(0);
+                    *known = count.max(*known);
                 }
             }
-        }
-        let Some(bad) = scan.bad else { continue };
+        });
+        let Some(bad) = bad else { continue };
         let cut = match &bad {
             // A segment whose header was cut short by a crash as it was made: nothing in it.
             Bad::Header(_) if last && bytes.len() < log::header().len() => Some(0),
@@ -160,15 +157,29 @@ where
         fs::remove_file(path).map_err(io_error(path))?;
         truncated += bytes.len() as u64;
     }
-    // A salvage may have cut sends that later records named; they are gone either way.
-    let kept: HashSet<u64> = contents.iter().take(keep).map(|(i, _, _)| *i).collect();
-    sends.retain(|_, (place, _, _)| kept.contains(&place.segment));
+    if keep < contents.len() {
+        // A salvage may have cut sends that later records named; they are gone either way.
+        let kept: HashSet<u64> = contents.iter().take(keep).map(|(i, _, _)| *i).collect();
+        sends.retain(|(_, place, ..)| kept.contains(&place.segment));
+    }
+    // Sequence order is send order. Sends come nearly sorted (only copies forward are out
+    // of place), which a stable sort takes in about one pass; it keeps a value's places in
+    // log order, and a record copied forward is the same value: its later place counts.
+    sends.sort_by_key(|(seq, ..)| *seq);
+    sends.dedup_by(|later, earlier| {
+        let same = later.0 == earlier.0;
+        if same {
+            std::mem::swap(later, earlier);
+        }
+        same
+    });
 
-    let mut values = Vec::new();
-    let mut live = HashMap::new();
+    let mut values = Vec::with_capacity(sends.len());
+    let mut live = Vec::with_capacity(sends.len());
     let mut live_bytes = 0;
     let mut counts: HashMap<u64, usize> = HashMap::new();
-    for (seq, (mut place, path, send)) in sends {
+    for (seq, mut place, at, send) in sends {
+        let path = &contents[at].1;
         if done.contains(&seq) {
             continue;
         }
@@ -194,7 +205,7 @@ where
             handed: place.handed,
         });
         live_bytes += u64::from(place.len);
-        live.insert(seq, place);
+        live.push((seq, place));
         *counts.entry(place.segment).or_default() += 1;
     }
 
@@ -239,7 +250,8 @@ where
         segments,
         current,
         current_len,
-        live,
+        // Already in order: a B-tree built from it in one pass.
+        live: BTreeMap::from_iter(live),
         live_bytes,
         segment_size: opening.segment_size,
         bytes,
