@@ -287,8 +287,7 @@ impl<K, V> Delivery<K, V> {
     /// caps, with the failed values first.
     ///
     /// A retry beyond the builder's `max_attempts` sends the values to the dead letters
-    /// instead. The delay holds even once the channel is closed: it is a backoff from a
-    /// failing destination, and the stream goes on until the retry is decided.
+    /// instead. Once the channel is closed, the delay is not waited for.
     ///
     /// # Errors
     ///

@@ -1257,14 +1257,13 @@ impl<K, V> fmt::Debug for Receiver<K, V> {
 ///    `max_weight` and `max_keys` until they are acknowledged, given up or dead-lettered:
 ///    room returns on the decision, not when the batch is taken. Dead letters not yet
 ///    taken count too.
-/// 4. **Closing.** When the channel closes, every pending key is due at once; a key held
-///    by `retry_after` still waits out its delay, a backoff from a failing destination.
-///    The stream ends only when nothing is pending and no delivery is undecided, so a
-///    retry after the close still goes out. To bound a shutdown, set `max_attempts`, or
-///    `give_up` once the channel is closed.
+/// 4. **Closing.** When the channel closes, everything is due at once, held retries
+///    included. The stream ends only when nothing is pending and no delivery is
+///    undecided, so a retry after the close still goes out.
 /// 5. **Dropping every receiver.** Pending values and dead letters are dropped. Deliveries
 ///    still undecided can be decided: an acknowledgement counts as usual, and a retry, or a
-///    delivery dropped undecided, drops its values. `Stats::lost` counts all of them.
+///    delivery dropped undecided, drops its values. `Stats::lost` counts all of them. (A
+///    durable channel's log keeps them: the next open hands them back.)
 /// 6. **Exactly one decision per delivery**, which the types enforce: every value ends
 ///    acknowledged, given up or dead-lettered, or is pending or in flight.
 ///

@@ -921,16 +921,22 @@ impl Modelled for Timed {
         closed_at: Option<u64>,
         base: Instant,
     ) -> (Option<Instant>, Option<Instant>) {
-        // A front that is never due has no deadline. Once closed, every pending key is due,
-        // at the latest when it closed; held retries still wait out their delays.
-        let reachable = front.filter(|&at| at < millis(NEVER));
-        let front = match (reachable, closed_at) {
+        // A front that is never due has no deadline. Once closed, everything is due: at the
+        // latest when it closed.
+        let waiting = front.is_some() || release.is_some();
+        let first = front
+            .filter(|&at| at < millis(NEVER))
+            .into_iter()
+            .chain(release)
+            .min();
+        let due = match (first, closed_at) {
             (Some(at), Some(closed)) => Some(at.min(closed)),
-            (None, Some(closed)) if front.is_some() => Some(closed),
-            (at, _) => at,
+            (at, closed) => at.or(closed),
         };
-        let due = front.into_iter().chain(release).min();
-        (rx.next_deadline(), due.map(|at| base + ms(at)))
+        (
+            rx.next_deadline(),
+            due.filter(|_| waiting).map(|at| base + ms(at)),
+        )
     }
 }
 
@@ -1399,21 +1405,25 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
     /// is over, or a due key) or the end of the stream.
     fn can_receive(&self) -> bool {
         let (closed, now) = (self.closed, self.now);
-        let released = self.acks.delayed.iter().any(|&(at, ..)| at <= now);
+        let released = self
+            .acks
+            .delayed
+            .iter()
+            .any(|&(at, ..)| closed || at <= now);
         let due = self
             .model
             .front_rank()
             .is_some_and(|rank| closed || F::is_due(&rank, now));
-        let ended = self.drained();
+        let ended = closed && self.acks.flights.is_empty();
         released || due || ended
     }
 
-    /// Ends the holds of retries whose delay is over; a close does not end them.
+    /// Ends the holds of retries whose delay is over, or of all of them once closed.
     fn release_retries(&mut self) {
-        let now = self.now;
+        let (closed, now) = (self.closed, self.now);
         let model = &mut self.model;
         self.acks.delayed.retain(|&(at, key, rank)| {
-            let over = at <= now;
+            let over = closed || at <= now;
             if over {
                 model.release(key, Some(F::retried(rank, now)));
             }
@@ -1473,7 +1483,7 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
         let batch = self.take(false);
         if !batch.is_empty() {
             Some(Some(batch))
-        } else if self.drained() {
+        } else if self.closed && self.acks.flights.is_empty() {
             self.terminated = true;
             Some(None)
         } else {
@@ -1580,7 +1590,7 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
         } else {
             acks.retried += values.len() as u64;
             self.model.give_back(key, values);
-            match delay == 0 {
+            match delay == 0 || self.closed {
                 true => self.model.release(key, Some(F::retried(rank, self.now))),
                 false => acks.delayed.push((self.now + delay, key, rank)),
             }
@@ -2117,10 +2127,10 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
     }
 
     /// Closes the channel and drains it with `try_recv`, which must give exactly what the
-    /// model holds and then `Disconnected`; while it is empty, time moves on to the next
-    /// held retry's release. Deliveries are retried once, then acknowledged; the dead
-    /// letters are taken. Then every value sent must be in exactly one place.
-    async fn finish(&mut self) {
+    /// model holds and then `Disconnected`. Deliveries are retried once, then
+    /// acknowledged; the dead letters are taken. Then every value sent must be in exactly
+    /// one place.
+    fn finish(&mut self) {
         self.settle();
         for slot in &mut self.rxs {
             slot.recv = None;
@@ -2136,20 +2146,11 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
             loop {
                 let got = self.rxs[0].rx.borrow_mut().try_recv();
                 let ended = matches!(got, Err(TryRecvError::Disconnected));
-                let empty = matches!(got, Err(TryRecvError::Empty));
                 self.receive(outcome(got), "final drain");
                 if ended {
                     break;
                 }
                 self.decide_all();
-                // A closed channel is empty and not ended while a delivery flies, now
-                // decided, or a retry is held.
-                let release = self.acks.delayed.iter().map(|&(at, ..)| at).min();
-                if let Some(at) = release.filter(|_| empty) {
-                    tokio::time::advance(ms(at - self.now)).await;
-                    self.now = at;
-                    self.release_retries();
-                }
             }
         }
         // With no receiver left, deliveries may still be in flight.
@@ -2237,8 +2238,8 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
         self.reopened = self.model.clock;
     }
 
-    /// Decides every delivery in flight: retried after a delay on its first attempt,
-    /// acknowledged after that.
+    /// Decides every delivery in flight: retried after a delay (the close makes it due at
+    /// once) on its first attempt, acknowledged after that.
     fn decide_all(&mut self) {
         while let Some(flight) = self.acks.flights.first() {
             let how = match flight.attempt {
@@ -2309,13 +2310,13 @@ fn run<F: Modelled, M: Mode<F>>(
             }
             h.check();
         }
-        h.finish().await;
+        h.finish();
         if h.durable() {
             // What the log still has comes back (what no receiver was left for), and goes
             // out; then nothing is left.
             h.reopen(true).await;
             h.check();
-            h.finish().await;
+            h.finish();
             h.reopen(true).await;
             h.check();
             assert_eq!(h.acks.recovered, 0, "the log has nothing left");

@@ -292,19 +292,18 @@ where
         })
     }
 
-    /// Ends the holds of retries whose delay is over: they are due at once.
-    ///
-    /// Neither a close nor `drain_now` ends them early: a delay asked for by `retry_after`
-    /// is a backoff from a failing destination, not a deadline to flush. Cut short, it
-    /// would have a consumer hammer that destination, and a durable channel write a retry
-    /// record for every failed attempt.
+    /// Ends the holds of retries whose delay is over, or of every one once the channel is
+    /// closed: they are due at once.
+    /// `drain_now` does not end them early: a delay asked for by `retry_after` is a
+    /// backoff from a failing destination, not a deadline to flush.
     fn release_retries(&self, state: &mut State<F, K, V>, now: u64) {
+        let closed = state.closed_at.is_some();
         let State { acked, queue, .. } = state;
         let Some(acked) = acked.as_deref_mut() else {
             return;
         };
         while let Some(Reverse(delayed)) = acked.delayed.peek() {
-            if delayed.at > now {
+            if !closed && delayed.at > now {
                 break;
             }
             let Some(Reverse(delayed)) = acked.delayed.pop() else {
@@ -355,6 +354,7 @@ where
         retry: Option<(Duration, K, Vec<V>)>,
         notes: &mut Notes,
     ) {
+        let closed = guard.closed_at.is_some();
         let receivers = guard.receivers;
         let acked = guard.acked();
         let Some(flight) = acked.flights.remove(id) else {
@@ -435,7 +435,7 @@ where
                         let given = state.queue.give_back(hold, back);
                         debug_assert!(given.is_ok(), "a hold lasts while its delivery flies");
                         let delay = u64::try_from(after.as_nanos()).unwrap_or(u64::MAX);
-                        if delay == 0 {
+                        if delay == 0 || closed {
                             release = Some(Release::Lower(rank));
                         } else {
                             let acked = guard.acked();

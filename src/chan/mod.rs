@@ -1495,16 +1495,11 @@ where
         if state.queue.fronts().next().is_none() && !retrying {
             return None;
         }
-        // Once closed, every pending key is due by the close, but a held retry still waits
-        // out its delay.
-        let fronts = state.queue.fronts().filter_map(F::deadline).min();
-        let fronts = match (fronts, state.closed_at) {
+        // Once closed, everything is due.
+        let at = match (chan.next_wake(&state), state.closed_at) {
             (Some(at), Some(closed)) => Some(at.min(closed)),
-            (None, Some(closed)) if state.queue.fronts().next().is_some() => Some(closed),
-            (at, _) => at,
+            (at, closed) => at.or(closed),
         };
-        let release = state.acked.as_ref().and_then(|a| a.next_release());
-        let at = fronts.into_iter().chain(release).min();
         at.and_then(|at| flavor::instant(chan.epoch, at))
     }
 }
