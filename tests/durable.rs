@@ -668,24 +668,60 @@ async fn failed_sync_is_not_retried() {
     );
 }
 
+/// Under `Always`, sends wait for a sync and decisions do not: a batch of decisions alone
+/// is written and not synced (the next send's sync takes it), so a consumer acking as fast
+/// as values come does not double the syncs. Here the one sync allowed goes to the send,
+/// and the acknowledgement still succeeds.
+#[cfg(feature = "fault-injection")]
+#[tokio::test]
+async fn decisions_alone_are_not_synced() {
+    let dir = TempDir::new().unwrap();
+    let (tx, mut rx) = hourly(dir.path())
+        .fsync(FsyncPolicy::Always)
+        .fail_syncs_after(1)
+        .open::<String, u32>()
+        .await
+        .unwrap();
+    tx.send(k("a"), 1).await.unwrap();
+    let delivery = rx.drain_now().into_iter().flatten().next().unwrap();
+    delivery.ack().await.unwrap();
+    assert!(tx.log_error().is_none(), "{:?}", tx.log_error());
+    // The next send needs a sync, and that one fails.
+    assert!(tx.send(k("b"), 2).await.is_err());
+    assert_eq!(tx.log_error().unwrap().raw_os_error(), Some(5), "EIO");
+}
+
 /// A failed log closes the channel at once: a send waiting for room, which touches no
 /// file, is woken and fails with its value too.
 #[cfg(feature = "fault-injection")]
 #[tokio::test]
 async fn waiting_sends_fail_when_the_log_does() {
+    let log = |dir: &std::path::Path, budget| {
+        timed::Builder::new(HOUR)
+            .capacity(2)
+            .durable(dir)
+            .fail_writes_after(budget)
+            .open::<String, u32>()
+    };
+    // The bytes that two sends write, so that the disk fills on the next record.
+    let scratch = TempDir::new().unwrap();
+    let (tx, rx) = log(scratch.path(), u64::MAX).await.unwrap();
+    let empty = rx.stats().log_bytes;
+    tx.send(k("a"), 1).await.unwrap();
+    tx.send(k("b"), 2).await.unwrap();
+    drop((tx, rx));
+    // Reopened, the figures are the files' sizes, not the committer's latest word.
+    let (_tx, rx) = log(scratch.path(), u64::MAX).await.unwrap();
+    let two_sends = rx.stats().log_bytes - empty;
+    assert!(two_sends > 0);
+
     let dir = TempDir::new().unwrap();
-    let (tx, mut rx) = timed::Builder::new(HOUR)
-        .capacity(2)
-        .durable(dir.path())
-        .fail_syncs_after(2)
-        .open::<String, u32>()
-        .await
-        .unwrap();
+    let (tx, mut rx) = log(dir.path(), two_sends).await.unwrap();
     tx.send(k("a"), 1).await.unwrap();
     tx.send(k("b"), 2).await.unwrap();
     let mut waiting = tokio_test::task::spawn(tx.send(k("c"), 3));
     assert!(waiting.poll().is_pending(), "no room");
-    // A retry writes a record, whose sync fails.
+    // A retry writes a record, and the disk is full.
     let delivery = rx.drain_now().into_iter().flatten().next().unwrap();
     delivery.retry().await.unwrap();
     tx.closed().await;

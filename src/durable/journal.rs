@@ -465,7 +465,10 @@ impl Committer {
             self.written = last;
         }
         let sync = match self.policy {
-            FsyncPolicy::Always => self.synced < self.written,
+            // Only sends wait for a sync. Done and retry records ride along with the next
+            // one (or the close): syncing them on their own would double the syncs of a
+            // channel whose consumer acks as fast as values come.
+            FsyncPolicy::Always => self.synced < self.written && (closing || !sends.is_empty()),
             FsyncPolicy::Interval(every) => {
                 self.synced < self.written && (closing || self.last_sync.elapsed() >= every)
             }

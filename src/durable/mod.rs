@@ -54,7 +54,9 @@
 //! given up or taken as a dead letter is pending again, under its key, in the order values
 //! were sent, with the attempts it had been handed out (counted as of its last retry). A
 //! `timed` value's deadline is rebuilt from its wall-clock arrival: one whose deadline
-//! passed while the process was down is due at once.
+//! passed while the process was down is due at once. Values dropped with the last receiver
+//! (pending ones, dead letters not taken, and deliveries retried or dropped after it) were
+//! never acknowledged, so they come back too.
 //!
 //! - The directory is locked: a second `open` fails with [`OpenError::Locked`].
 //! - A torn record at the end of the newest segment (a write cut short by a crash) is cut
@@ -109,7 +111,9 @@ pub use crate::error::OpenError;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FsyncPolicy {
     /// Every `send` waits for an `fdatasync` of its record. Sends that wait together share
-    /// one: the committer syncs each batch it writes, and the next batch grows meanwhile.
+    /// one: the committer syncs each batch of sends it writes, and the next batch grows
+    /// meanwhile. Decisions are not synced on their own: the next sync, or the close, takes
+    /// them.
     Always,
     /// Sends wait for their record to be written, and the log syncs at most this long after
     /// a write.
