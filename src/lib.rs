@@ -195,7 +195,7 @@
 //! everything is delivered. A `requeue` before the end joins the flush.
 //!
 //! When every receiver is dropped, sends fail and hand the value back, and the pending
-//! values are dropped.
+//! values are dropped (a durable channel's log keeps them for the next open).
 //!
 //! # Panics in user code
 //!

@@ -41,7 +41,8 @@
 //! last send record of a value known to have been in the log (its send returned, or it came
 //! back), since under `FsyncPolicy::Always` that record and all before it were synced; and
 //! the end of a copy-forward's write whose source segment is gone, since the journal syncs
-//! the copies (and the retry record after them) before it deletes the source. (Under `Never`
+//! that write (the moved values' retry record, then the copies) before it deletes the
+//! source. (Under `Never`
 //! and `Interval`, where a returned send may not be synced, the cut keeps it all the same:
 //! the OS may have written it.) What lies above may go: sends that had not returned, and
 //! done and retry records, which are not synced before their futures resolve. So a value

@@ -396,7 +396,7 @@ impl Model {
     /// Where the newest segment may be cut: after every record that was synced. Two kinds
     /// are known to be: the send record of a value that was ever known to be in the log
     /// (see the module docs of the test), with all before it; and a copy-forward's write (the
-    /// copies and the retry record after them) whose source segment is gone, since the
+    /// moved values' retry record, then the copies) whose source segment is gone, since the
     /// journal syncs the copy before it deletes the source. A copy is a send record whose
     /// sequence number is below one named before it.
     pub(crate) fn cut_floor(&self, segments: &[Segment]) -> u64 {
