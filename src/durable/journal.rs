@@ -669,7 +669,11 @@ impl Committer {
     }
 
     /// The log failed: every waiting and later append fails with `err`.
-    fn poison(&mut self, err: io::Error) {
+    /// Fails the log for good, and stops the committer. The files, and the directory's
+    /// lock, go before the failure callback runs: that callback may drop the channel's last
+    /// handle here, on this thread, where no one joins it, and the directory must be free
+    /// to open again once every handle is gone.
+    fn poison(self, err: io::Error) {
         let err = Arc::new(err);
         let mut pending = self
             .shared
@@ -685,6 +689,7 @@ impl Committer {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
+        drop(self);
         if let Some(on_failure) = on_failure {
             on_failure();
         }
