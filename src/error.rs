@@ -274,7 +274,8 @@ impl Error for DeliveryError {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum OpenError {
-    /// Another channel, in this process or another, has the directory open.
+    /// Another channel, in this process or another, has the directory open: a channel
+    /// holds it until its every handle is gone, deliveries and decision futures included.
     Locked {
         /// The log's directory.
         dir: std::path::PathBuf,
@@ -295,8 +296,9 @@ pub enum OpenError {
         /// Where in it the bad record starts.
         offset: u64,
     },
-    /// A key, value or input (a `timed` deadline, an `ordered` sort key) in the log does not
-    /// decode as the type the channel was opened with.
+    /// A pending value's key, value or input (a `timed` deadline, an `ordered` sort key) in
+    /// the log does not decode as the type the channel was opened with. (The log does not
+    /// record types: another type with a compatible encoding decodes without error.)
     Decode {
         /// The segment.
         segment: std::path::PathBuf,

@@ -288,8 +288,9 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
     ///
     /// If the future is dropped before it completes, the value is dropped with it and was
     /// not sent, and the call gives up its place in the line of waiting senders. In a
-    /// durable channel, its record, if written, is marked done: it does not come back after
-    /// a restart.
+    /// durable channel, its record, if written, is marked done a moment later, by the
+    /// log's thread; once that is written, the value does not come back after a restart. A
+    /// crash before then, or a failed log, may bring it back once.
     ///
     /// # Examples
     ///
@@ -437,7 +438,8 @@ impl<S, K, V> Sender<S, K, V> {
 
     /// The error that failed a durable channel's log, if one did. A failed write or sync
     /// poisons the log for good and closes the channel: every send since has handed its
-    /// value back, and this says why. `None` in other channels.
+    /// value back (though a record written before the failure may bring it back at the
+    /// next open), and this says why. `None` in other channels.
     ///
     /// # Examples
     ///

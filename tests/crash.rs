@@ -229,7 +229,19 @@ async fn a_torn_copy_forward_keeps_attempts() {
 
     // Reopened: `h` is pending, counted once. A send makes the journal commit and trim: the
     // older segments go, since `h`'s place is now the copy.
-    let (tx, rx) = builder().open::<u32, u64>().await.expect("reopen");
+    // The crash loop, in this binary's other test, forks children: between a fork and its
+    // exec, a child holds a copy of every descriptor, this directory's lock included, so a
+    // reopen may find the lock held for that moment.
+    let mut tries = 0;
+    let (tx, rx) = loop {
+        match builder().open::<u32, u64>().await {
+            Err(keyed_batch::durable::OpenError::Locked { .. }) if tries < 100 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            opened => break opened.expect("reopen"),
+        }
+    };
     tx.send(1, 100).await.expect("sent");
     drop((tx, rx));
     let segments = crash_log::read(dir.path());

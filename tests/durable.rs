@@ -407,8 +407,8 @@ async fn disk_use_stays_bounded_with_a_held_delivery() {
     );
 }
 
-/// The held value's attempts survive even when the retry records that counted them were in
-/// a segment that is gone: they are copied forward with it.
+/// A value held while its segment goes is copied forward, and comes back with its attempts
+/// counted.
 #[tokio::test]
 async fn attempts_are_copied_forward() {
     let dir = TempDir::new().unwrap();
@@ -427,18 +427,42 @@ async fn attempts_are_copied_forward() {
         let batch = rx.drain_now().into_iter().flatten().collect::<Vec<_>>();
         ack_all(batch).await.unwrap();
     }
+    assert_eq!(held.attempt(), 2);
     drop((tx, rx));
-    drop(held); // with no receiver left, a retry that is not recorded
+    // Dropped undecided, it is retried, and its count (2 handed out) is written in the
+    // newest segment. Counts only grow, so this reopen cannot tell whether the copy carried
+    // the earlier count too; the crash loop checks that, where no later record follows
+    // (`a_torn_copy_forward_keeps_attempts`).
+    drop(held);
     let (_tx, mut rx) = builder().open::<String, u32>().await.unwrap();
     assert_eq!(
         take_all(&mut rx, &mut Vec::new()),
-        vec![(k("held"), vec![0], 2)]
+        vec![(k("held"), vec![0], 3)]
     );
 }
 
 // ===== errors at open =====
 
 /// A second open of a directory that is open fails, naming it; once the first channel is
+/// A retry made after the last receiver went is still recorded: the value comes back at
+/// the next open with that attempt counted.
+#[tokio::test]
+async fn retry_after_the_last_receiver_is_counted() {
+    let dir = TempDir::new().unwrap();
+    let (tx, mut rx) = open(dir.path()).await;
+    tx.send(k("a"), 1).await.unwrap();
+    let delivery = rx.drain_now().into_iter().flatten().next().unwrap();
+    assert_eq!(delivery.attempt(), 1);
+    drop(rx);
+    delivery.retry().await.unwrap();
+    drop(tx);
+    let (_tx, mut rx) = open(dir.path()).await;
+    assert_eq!(
+        take_all(&mut rx, &mut Vec::new()),
+        vec![(k("a"), vec![1], 2)]
+    );
+}
+
 /// gone, the directory opens again.
 #[tokio::test]
 async fn second_open_is_locked() {
@@ -691,6 +715,28 @@ async fn decisions_alone_are_not_synced() {
     assert_eq!(tx.log_error().unwrap().raw_os_error(), Some(5), "EIO");
 }
 
+/// A retry on a failed log resolves with the error, as other decisions do: its record,
+/// which counts the attempt, could not be written.
+#[cfg(feature = "fault-injection")]
+#[tokio::test]
+async fn retry_on_a_failed_log_is_an_error() {
+    use keyed_batch::error::DeliveryError;
+
+    let dir = TempDir::new().unwrap();
+    let (tx, mut rx) = hourly(dir.path())
+        .fail_writes_after(0)
+        .open::<String, u32>()
+        .await
+        .unwrap();
+    // In at once; its record, written a moment later, fails the log.
+    tx.try_send(k("a"), 1).unwrap();
+    while tx.log_error().is_none() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let delivery = rx.drain_now().into_iter().flatten().next().unwrap();
+    assert!(matches!(delivery.retry().await, Err(DeliveryError::Io(_))));
+}
+
 /// A failed log closes the channel at once: a send waiting for room, which touches no
 /// file, is woken and fails with its value too.
 #[cfg(feature = "fault-injection")]
@@ -721,9 +767,9 @@ async fn waiting_sends_fail_when_the_log_does() {
     tx.send(k("b"), 2).await.unwrap();
     let mut waiting = tokio_test::task::spawn(tx.send(k("c"), 3));
     assert!(waiting.poll().is_pending(), "no room");
-    // A retry writes a record, and the disk is full.
+    // A retry writes a record, and the disk is full: the retry reports it.
     let delivery = rx.drain_now().into_iter().flatten().next().unwrap();
-    delivery.retry().await.unwrap();
+    assert!(delivery.retry().await.is_err());
     tx.closed().await;
     assert!(waiting.is_woken());
     match waiting.poll() {

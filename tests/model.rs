@@ -1574,12 +1574,10 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
             How::Retry | How::Drop => 0,
             How::RetryAfter(delay) => u64::from(delay),
         };
-        if !self.rxs.is_empty() {
-            // A retry, or a dead letter, is recorded with how often each value was handed
-            // out; with no receiver left, nothing is.
-            let logged = values.iter().map(|&value| (value, acks.handed[&value]));
-            self.history.logged.extend(logged);
-        }
+        // A retry, or a dead letter, is recorded with how often each value was handed out,
+        // with no receiver left too (the log gives those values back).
+        let logged = values.iter().map(|&value| (value, acks.handed[&value]));
+        self.history.logged.extend(logged);
         if self.rxs.is_empty() {
             // No one can receive them: dropped, with the key's slot.
             acks.lost.extend(values);

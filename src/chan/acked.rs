@@ -383,7 +383,11 @@ where
             }
             Some((_, key, values)) if receivers == 0 => {
                 // No one will receive them: they are lost, and dropped after the lock. (A
-                // durable channel's log still has them: they come back at the next open.)
+                // durable channel's log still has them: they come back at the next open,
+                // with this attempt counted.)
+                notes
+                    .retried
+                    .extend((flight.seqs.iter().enumerate()).map(|(i, &seq)| (seq, handed(i))));
                 guard.counts.lost += flight.count as u64;
                 guard.spare.0 = Some(key);
                 guard.spare_values = values;
@@ -577,10 +581,9 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
     fn record(&self, notes: Notes) -> Decided<()> {
         #[cfg(feature = "durable")]
         {
-            if !notes.retried.is_empty() {
-                self.log_retried(&notes.retried);
-            }
-            self.decided(self.log_done(&notes.done))
+            let retried = self.log_retried(&notes.retried);
+            // Records are written in order: waiting for the later one waits for both.
+            self.decided(self.log_done(&notes.done).or(retried))
         }
         #[cfg(not(feature = "durable"))]
         {

@@ -22,12 +22,10 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
         (!seqs.is_empty()).then(|| log.journal.done(seqs))
     }
 
-    /// Records how many times values were handed out, once they came back.
-    pub(super) fn log_retried(&self, handed: &[(u64, u32)]) {
-        if let Some(log) = &self.log {
-            // A failed log shows in the sends and acknowledgements that follow.
-            let _ = log.journal.retried(handed);
-        }
+    /// Records how many times values were handed out, once they came back: as `log_done`.
+    pub(super) fn log_retried(&self, handed: &[(u64, u32)]) -> Option<Result<u64, Arc<io::Error>>> {
+        let log = self.log.as_ref()?;
+        (!handed.is_empty()).then(|| log.journal.retried(handed))
     }
 
     /// What a decision resolves to once `record`, if any, is written.

@@ -43,6 +43,10 @@
 //! | a dead letter taken | never comes back once its record is written, a moment later; before that, comes back once | as for a decision |
 //! | a retry | comes back, with its attempts counted once the retry's record is written | as for `kill -9`, once synced |
 //!
+//! Records that no caller waits for (a dead letter taken, the done record of a `send`
+//! dropped before it resolved, the retry of a delivery dropped undecided) are written a
+//! moment later, by the log's thread: a crash before then brings the value back once.
+//!
 //! `send` resolves once its record is written, and, under `Always`, synced (`fdatasync`).
 //! Waiting sends are committed together: one write and one sync for every batch of sends
 //! that waited, with no linger. Acknowledgements resolve once written: a `kill -9` never
@@ -58,13 +62,18 @@
 //! (pending ones, dead letters not taken, and deliveries retried or dropped after it) were
 //! never acknowledged, so they come back too.
 //!
-//! - The directory is locked: a second `open` fails with [`OpenError::Locked`].
+//! - The directory is locked: a second `open` fails with [`OpenError::Locked`] until the
+//!   channel's every handle is gone (senders, receivers, deliveries, decision futures and
+//!   dead-letter streams).
+//! - Keys, values and inputs are decoded as the types `open` names; the log does not
+//!   record types, so another type with a compatible encoding opens without error.
 //! - A torn record at the end of the newest segment (a write cut short by a crash) is cut
 //!   off; [`Stats::log_truncated_bytes`](crate::stats::Stats::log_truncated_bytes) says how
 //!   many bytes went.
 //! - A bad record anywhere else is [`OpenError::Corrupt`], naming the segment and the
 //!   offset; [`DurableBuilder::salvage`] opens with what comes before it instead.
-//! - A key, value or sort key that does not decode is [`OpenError::Decode`], not a skip.
+//! - A pending value whose key, value or input (deadline or sort key) does not decode is
+//!   [`OpenError::Decode`], not a skip.
 //!
 //! # Failures
 //!
@@ -72,7 +81,9 @@
 //! poisoned: an fsync is never retried, since the pages it failed to write may already be
 //! gone. Every waiting and later `send` fails and hands the value back; decisions resolve
 //! with [`DeliveryError::Io`](crate::error::DeliveryError::Io), and
-//! `Sender::log_error` returns the error. What was durable stays so.
+//! `Sender::log_error` returns the error. What was durable stays so. A failed send's record
+//! may have been written before the failure, so its value may come back at the next open
+//! (at-least-once): a caller that sends it again may deliver it twice.
 //!
 //! # The log
 //!
