@@ -276,6 +276,7 @@ impl Error for DeliveryError {
 pub enum OpenError {
     /// Another channel, in this process or another, has the directory open: a channel
     /// holds it until its every handle is gone, deliveries and decision futures included.
+    /// (A child process forked in that time holds a copy of the lock until it execs.)
     Locked {
         /// The log's directory.
         dir: std::path::PathBuf,
