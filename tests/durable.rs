@@ -441,9 +441,6 @@ async fn attempts_are_copied_forward() {
     );
 }
 
-// ===== errors at open =====
-
-/// A second open of a directory that is open fails, naming it; once the first channel is
 /// A retry made after the last receiver went is still recorded: the value comes back at
 /// the next open with that attempt counted.
 #[tokio::test]
@@ -463,6 +460,9 @@ async fn retry_after_the_last_receiver_is_counted() {
     );
 }
 
+// ===== errors at open =====
+
+/// A second open of a directory that is open fails, naming it; once the first channel is
 /// gone, the directory opens again.
 #[tokio::test]
 async fn second_open_is_locked() {

@@ -10,7 +10,7 @@ use crate::ack::Decided;
 use crate::durable::recover::Pending;
 use crate::durable::Clocks;
 use crate::error::DeliveryError;
-use crate::flavor::{self, Clock, Flavor, Joining};
+use crate::flavor::{self, Clock, Flavor};
 use crate::queue::Items;
 use crate::stats::Stats;
 
@@ -98,7 +98,6 @@ where
             .collect();
         let mut guard = chan.lock();
         let state = &mut *guard;
-        let config = &chan.config;
         state.counts.recovered += values.len() as u64;
         // Keys and ranks the queue did not keep, dropped after the lock.
         let mut spare = Vec::new();
@@ -113,18 +112,8 @@ where
             } = p;
             let mut clock = Clock::new(chan.epoch, &mut state.last_now);
             let items = Items::AppendLogged(value, weight, seq, handed);
-            let inserted = state
-                .queue
-                .insert(hash, key, items, |current, values, weight| {
-                    let joining = Joining {
-                        current,
-                        values,
-                        weight,
-                        config,
-                        clock: &mut clock,
-                    };
-                    F::rank(input, joining)
-                });
+            let inserted =
+                chan.insert_ranked(&mut state.queue, &mut clock, (hash, key, input), items);
             let entered = flavor::since(chan.epoch, clocks.instant_of(arrival));
             state
                 .arrivals

@@ -26,7 +26,7 @@ use tokio::time::{Instant, Sleep};
 use crate::config::{self, Config, Weigh, Weigher};
 use crate::error::{SendError, TryRecvError, TrySendError};
 use crate::flavor::{self, Clock, Flavor, Joining, Reason};
-use crate::queue::{Items, Returned, Run, SortedQueue};
+use crate::queue::{Inserted, Items, Returned, Run, SortedQueue};
 
 use self::acked::Acked;
 
@@ -467,6 +467,31 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
         true
     }
 
+    /// Puts `items` under `key` in `queue`, ranked by the flavour from `input` as they join
+    /// the key's pending values; `clock` reads the time, under the lock.
+    fn insert_ranked(
+        &self,
+        queue: &mut SortedQueue<F::Rank, K, V>,
+        clock: &mut Clock<'_>,
+        (hash, key, input): (u64, K, F::Input),
+        items: Items<V>,
+    ) -> Inserted<F::Rank, K>
+    where
+        K: Hash + Eq + Clone,
+        F::Rank: Ord + Clone,
+    {
+        queue.insert(hash, key, items, |current, values, weight| {
+            let joining = Joining {
+                current,
+                values,
+                weight,
+                config: &self.config,
+                clock,
+            };
+            F::rank(input, joining)
+        })
+    }
+
     /// The rank `input` gives a key on its own (a flush, a requeue), and the time now;
     /// `last_now` is the state's last clock reading.
     fn rank_alone(&self, last_now: &mut Option<u64>, input: F::Input) -> (F::Rank, u64) {
@@ -598,7 +623,6 @@ where
     /// Puts a value that was let in into the queue.
     fn insert_item(&self, guard: &mut Guard<'_, F, K, V>, item: Item<F, K, V>) {
         let state = &mut **guard;
-        let config = &self.config;
         let Item {
             input,
             hash,
@@ -614,18 +638,7 @@ where
         };
         // Read the clock under the lock, so ranks go in in the order values do.
         let mut clock = Clock::new(self.epoch, &mut state.last_now);
-        let inserted = state
-            .queue
-            .insert(hash, key, items, |current, values, weight| {
-                let joining = Joining {
-                    current,
-                    values,
-                    weight,
-                    config,
-                    clock: &mut clock,
-                };
-                F::rank(input, joining)
-            });
+        let inserted = self.insert_ranked(&mut state.queue, &mut clock, (hash, key, input), items);
         // When the run started, for the oldest-age figure.
         let arrival = inserted.new_run.map(|run| (run, clock.now()));
         state.arrivals.extend(arrival);
