@@ -187,6 +187,13 @@
 //! survives a `kill -9` and a power cut under each policy, and the errors `open` returns.
 //! The feature needs Rust 1.89.
 //!
+//! # Many processes: Redis
+//!
+//! With the `redis` feature, [`redis::Builder`](redis/index.html) opens one `timed` queue,
+//! kept in a Redis server, that producers and consumers in many processes on many machines
+//! share. Its receivers hand out the same [`ack::Delivery`]; the module has a table of how
+//! it differs from the in-memory channel. The feature needs Rust 1.88.
+//!
 //! # Disconnection
 //!
 //! The channel closes when every sender is dropped (or closed as a `Sink`, with
@@ -237,6 +244,9 @@ pub mod error;
 mod flavor;
 pub mod ordered;
 pub mod queue;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis;
 pub mod stats;
 pub mod timed;
 

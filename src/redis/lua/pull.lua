@@ -1,0 +1,49 @@
+-- pull: ARGV = P, max values, lease ms, max attempts (0: none), most keys to look at.
+-- Reclaims the leases that ran out, then takes the due keys in score order. Returns
+-- { now ms, ms until the next wake or -1, closed, pending, { deliveries } }, each delivery
+-- { key, id, attempt, entered ms, { values } }.
+local budget = tonumber(ARGV[2])
+local lease = tonumber(ARGV[3])
+local max_attempts = tonumber(ARGV[4])
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', LEASE, '-inf', now_ms, 'LIMIT', 0, 100)) do
+  local k = redis.call('HGET', LK, id)
+  unlease(id)
+  if k then
+    local s = skey(k)
+    if redis.call('HGET', s, 'fl') == id then
+      if max_attempts > 0 and tonumber(redis.call('HGET', s, 'fa')) >= max_attempts then
+        to_dead(k, s, 'dead', 'its lease ran out on the last attempt')
+      else
+        requeue(k, s, 0)
+      end
+    end
+  end
+end
+local closed = redis.call('HGET', META, 'closed') == '1'
+local limit = '+inf'
+if not closed then limit = (now_ms - epoch) * 4096 + 4095 end
+local due = redis.call('ZRANGEBYSCORE', DUE, '-inf', limit, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[5]))
+local taken = {}
+local out = { now_ms, 0, closed and 1 or 0, 0, taken }
+for i = 1, #due, 2 do
+  if budget <= 0 then break end
+  local k = due[i]
+  local L = lkey(k)
+  local s = skey(k)
+  local len = redis.call('LLEN', L)
+  local n = math.min(len, budget)
+  local st = redis.call('HMGET', s, 'att', 'cov', 'ent')
+  local attempt = 1
+  if tonumber(st[2] or '0') > 0 then attempt = tonumber(st[1]) + 1 end
+  local id = tostring(redis.call('HINCRBY', META, 'bid', 1))
+  redis.call('ZREM', DUE, k)
+  redis.call('HSET', s, 'fl', id, 'fn', n, 'fa', attempt, 'osc', due[i + 1], 'rest', len - n)
+  redis.call('HDEL', s, 'hold')
+  redis.call('ZADD', LEASE, now_ms + lease, id)
+  redis.call('HSET', LK, id, k)
+  taken[#taken + 1] = { k, id, attempt, tonumber(st[3] or now_ms), redis.call('LRANGE', L, 0, n - 1) }
+  budget = budget - n
+end
+out[2] = next_wake()
+out[4] = tonumber(redis.call('HGET', META, 'pending'))
+return out

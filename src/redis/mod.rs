@@ -1,0 +1,478 @@
+//! One `timed` queue shared by many processes on many machines, kept in Redis.
+//!
+//! Producers anywhere [`send`](Sender::send) into the queue by name; receivers anywhere take
+//! due keys from it as a [`Stream`] of batches of [`Delivery`]s: the same type the in-memory
+//! acknowledging receiver hands out, so code written against one moves to the other. Keys
+//! and values are serde types, encoded with [postcard](https://docs.rs/postcard).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use futures::StreamExt;
+//! use keyed_batch::{ack, redis};
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), redis::Error> {
+//! let queue = redis::Builder::new("redis://127.0.0.1/", "webhooks", Duration::from_secs(1));
+//! let tx = queue.sender::<String, String>().await?;
+//! let mut rx = queue.receiver::<String, String>().await?;
+//!
+//! tx.send("customer-1".to_string(), "order placed".to_string()).await.unwrap();
+//! let batch = rx.next().await.unwrap();
+//! assert_eq!(batch[0].values(), ["order placed".to_string()]);
+//! ack::ack_all(batch).await.unwrap();
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # How it differs from the in-memory channel
+//!
+//! | | in memory (`timed::Builder::acked`) | Redis |
+//! |---|---|---|
+//! | time | tokio's clock, to the tick | the Redis server's clock, to the millisecond: deadlines are rounded up, so nothing is early; the machines' clocks do not matter |
+//! | close | when every sender is gone, or `close()` | only an explicit [`Sender::close`] or [`Receiver::close`], and for good: the queue's name stays closed |
+//! | no receiver | sends fail once every receiver is gone | sends succeed: values wait in Redis for a receiver to come |
+//! | delivery | exactly once | at least once: a delivery whose lease runs out (its holder died or stalled) goes out again with `attempt + 1`, and a decision made after that fails with [`LeaseLost`] |
+//! | order | per key, and by deadline across keys | per key; by deadline within a shard, best effort across [`shards`](Builder::shards) |
+//! | a full queue | a waiting `send` has its place in line | a waiting `send` retries with a backoff of up to 50 ms, in no fixed order |
+//! | dead letters | count toward `capacity` | kept in Redis, outside `capacity`; [`DeadLetters::try_recv`](crate::ack::DeadLetters::try_recv) sees only those already fetched |
+//! | undecodable values | cannot happen | the delivery goes to [`Receiver::take_undecodable`] with its reason |
+//! | a server error | cannot happen | [`Sender::send`] and [`Receiver::recv`] return [`Error`]; the stream retries until the server is back |
+//!
+//! # In Redis
+//!
+//! A queue named `q` lives under the hash tag `{q}`, so all of its keys share one cluster
+//! slot (`{q:0}`, `{q:1}`, … for its shards): a LIST of values per key, a sorted set of
+//! the keys that wait, ordered by deadline and then by arrival, and the leases of the
+//! deliveries in flight. Every change is one Lua script, which reads the server's `TIME`. A
+//! waiting receiver sleeps on a tokio timer set to the next deadline or lease expiry the
+//! server reported, and is woken early, when a send moves the first deadline earlier, by a
+//! marker it pops with `BZPOPMIN` on a connection of its own.
+//!
+//! What survives a Redis restart is what Redis persists: with `appendonly yes` and
+//! `appendfsync always`, no value whose `send` returned is lost.
+//!
+//! [`Stream`]: futures_core::Stream
+//! [`Delivery`]: crate::ack::Delivery
+//! [`LeaseLost`]: crate::error::DeliveryError::LeaseLost
+
+mod receiver;
+mod sender;
+
+use std::fmt;
+use std::time::Duration;
+
+use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::{RedisError, Script};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+pub use receiver::{Receiver, Undecodable};
+pub use sender::{SendError, Sender};
+
+/// The version of the layout in Redis, checked at open.
+const VERSION: &str = "1";
+const FLAVOUR: &str = "timed";
+
+/// Builds senders and receivers of one queue in Redis: its server, its name, and its window.
+///
+/// Every sender and receiver of a queue must be built with the same window and number of
+/// shards; the first to open the queue records them, and the others are refused with
+/// [`Error::Mismatch`] if theirs differ. The other settings are each handle's own.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use keyed_batch::redis::Builder;
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), keyed_batch::redis::Error> {
+/// let queue = Builder::new("redis://127.0.0.1/", "pushes", Duration::from_millis(500))
+///     .max_batch(500)
+///     .lease(Duration::from_secs(10))
+///     .max_attempts(5);
+/// let rx = queue.receiver::<u64, Vec<u8>>().await?;
+/// # drop(rx);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct Builder {
+    url: String,
+    name: String,
+    window: Duration,
+    max_batch: usize,
+    capacity: u64,
+    lease: Duration,
+    max_attempts: u32,
+    shards: u16,
+}
+
+impl Builder {
+    /// A queue named `name` on the server at `url` (such as `redis://127.0.0.1:6379/`), whose
+    /// keys are due `window` after their first waiting value arrived.
+    ///
+    /// By default a batch holds at most 1,000 values, the queue has no capacity, a lease
+    /// lasts 30 seconds, retries are unlimited, and there is one shard.
+    pub fn new(url: impl Into<String>, name: impl Into<String>, window: Duration) -> Self {
+        Builder {
+            url: url.into(),
+            name: name.into(),
+            window,
+            max_batch: 1000,
+            capacity: 0,
+            lease: Duration::from_secs(30),
+            max_attempts: 0,
+            shards: 1,
+        }
+    }
+
+    /// The most values in one batch, over all of its keys. A key with more is split: the rest
+    /// goes out once the part before it is decided.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `n` is 0.
+    pub fn max_batch(mut self, n: usize) -> Self {
+        assert!(n > 0, "max_batch must be at least 1");
+        self.max_batch = n;
+        self
+    }
+
+    /// The most values the queue holds, those in flight included: a sender's `send` waits
+    /// while it is full. Each sender enforces its own setting.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `n` is 0.
+    pub fn capacity(mut self, n: u64) -> Self {
+        assert!(n > 0, "capacity must be at least 1");
+        self.capacity = n;
+        self
+    }
+
+    /// How long a delivery is leased to its receiver. A receiver renews the leases of the
+    /// deliveries it holds every third of this; a lease that runs out (its holder died)
+    /// sends the values out again, with `attempt + 1`.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `d` is under 10 ms.
+    pub fn lease(mut self, d: Duration) -> Self {
+        assert!(
+            d >= Duration::from_millis(10),
+            "a lease must be at least 10 ms"
+        );
+        self.lease = d;
+        self
+    }
+
+    /// The most attempts a key's values get: a retry of attempt `n`, or a lease that runs
+    /// out on it, sends them to the [dead letters](Receiver::dead_letters) instead.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `n` is 0.
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        assert!(n > 0, "max_attempts must be at least 1");
+        self.max_attempts = n;
+        self
+    }
+
+    /// Splits the queue into `n` sub-queues, each in its own cluster slot. A key always lives
+    /// in the same shard (by a hash of its encoding); receivers take from the shards in
+    /// turn, so order across shards is best effort.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `n` is 0.
+    pub fn shards(mut self, n: u16) -> Self {
+        assert!(n > 0, "shards must be at least 1");
+        self.shards = n;
+        self
+    }
+
+    /// Opens the queue for sending, creating it in Redis if it is not there.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Url`] if the URL does not parse, [`Error::Connection`] if the server cannot
+    /// be reached, [`Error::Mismatch`] if the queue was created with another window, number
+    /// of shards or flavour.
+    pub async fn sender<K: Serialize, V: Serialize>(&self) -> Result<Sender<K, V>, Error> {
+        Ok(Sender::new(Queue::open(self).await?))
+    }
+
+    /// Opens the queue for receiving, creating it in Redis if it is not there.
+    ///
+    /// # Errors
+    ///
+    /// As for [`sender`](Self::sender).
+    pub async fn receiver<K, V>(&self) -> Result<Receiver<K, V>, Error>
+    where
+        K: DeserializeOwned + Send + 'static,
+        V: DeserializeOwned + Send + 'static,
+    {
+        let queue = Queue::open(self).await?;
+        let blocking = queue.connect(None).await?;
+        Ok(Receiver::new(queue, blocking))
+    }
+}
+
+/// Why a Redis queue could not be opened or used.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The URL does not parse.
+    Url {
+        /// The URL.
+        url: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// The server cannot be reached, or the connection to it broke.
+    Connection(RedisError),
+    /// The server answered with an error.
+    Server(RedisError),
+    /// The queue in Redis was created with other settings.
+    Mismatch {
+        /// The queue's name.
+        queue: String,
+        /// Which setting, with the queue's value and the builder's.
+        detail: String,
+    },
+    /// The queue's data is no longer in Redis: it was deleted, or the server restarted
+    /// without persistence. Open it again to start afresh.
+    Gone {
+        /// The queue's name.
+        queue: String,
+    },
+    /// A key or value could not be encoded.
+    Encode(String),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Url { url, detail } => write!(f, "bad Redis URL {url:?}: {detail}"),
+            Error::Connection(err) => write!(f, "cannot reach Redis: {err}"),
+            Error::Server(err) => write!(f, "Redis answered with an error: {err}"),
+            Error::Mismatch { queue, detail } => {
+                write!(
+                    f,
+                    "the queue {queue:?} in Redis has other settings: {detail}"
+                )
+            }
+            Error::Gone { queue } => write!(
+                f,
+                "the queue {queue:?} is no longer in Redis (deleted, or the server restarted \
+                 without persistence)"
+            ),
+            Error::Encode(detail) => write!(f, "a key or value does not encode: {detail}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Connection(err) | Error::Server(err) => Some(err),
+            _ => None,
+        }
+    }
+}
+
+impl Error {
+    fn from_redis(err: RedisError, queue: &str) -> Self {
+        if err.code() == Some("KBGONE") {
+            Error::Gone {
+                queue: queue.to_string(),
+            }
+        } else if err.is_io_error()
+            || err.is_connection_dropped()
+            || err.is_timeout()
+            || err.is_unrecoverable_error()
+        {
+            Error::Connection(err)
+        } else {
+            Error::Server(err)
+        }
+    }
+}
+
+/// The scripts, each the shared prelude and its own body.
+struct Scripts {
+    open: Script,
+    publish: Script,
+    pull: Script,
+    decide: Script,
+    extend: Script,
+    close: Script,
+    dead: Script,
+}
+
+macro_rules! script {
+    ($opening:literal, $body:literal) => {
+        Script::new(concat!(
+            "local OPENING = ",
+            $opening,
+            "\n",
+            include_str!("lua/prelude.lua"),
+            include_str!($body)
+        ))
+    };
+}
+
+impl Scripts {
+    fn new() -> Self {
+        Scripts {
+            open: script!("true", "lua/open.lua"),
+            publish: script!("false", "lua/publish.lua"),
+            pull: script!("false", "lua/pull.lua"),
+            decide: script!("false", "lua/decide.lua"),
+            extend: script!("false", "lua/extend.lua"),
+            close: script!("false", "lua/close.lua"),
+            dead: script!("false", "lua/dead.lua"),
+        }
+    }
+}
+
+/// One open queue: its settings, its scripts, and a connection that reconnects by itself.
+struct Queue {
+    config: Builder,
+    client: ::redis::Client,
+    conn: ConnectionManager,
+    /// The hash-tagged prefix of each shard.
+    shards: Vec<String>,
+    scripts: Scripts,
+}
+
+impl Queue {
+    async fn open(config: &Builder) -> Result<std::sync::Arc<Queue>, Error> {
+        let client = ::redis::Client::open(config.url.as_str()).map_err(|err| Error::Url {
+            url: config.url.clone(),
+            detail: err.to_string(),
+        })?;
+        let manager = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(Duration::from_secs(10)))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let conn = ConnectionManager::new_with_config(client.clone(), manager)
+            .await
+            .map_err(Error::Connection)?;
+        let shards = if config.shards == 1 {
+            vec![format!("{{{}}}", config.name)]
+        } else {
+            (0..config.shards)
+                .map(|i| format!("{{{}:{i}}}", config.name))
+                .collect()
+        };
+        let queue = Queue {
+            config: config.clone(),
+            client,
+            conn,
+            shards,
+            scripts: Scripts::new(),
+        };
+        // The queue's own tag records its settings even when its data is in shards, so that
+        // a builder with another number of shards is refused.
+        let mut prefixes = vec![format!("{{{}}}", config.name)];
+        if config.shards > 1 {
+            prefixes.extend(queue.shards.iter().cloned());
+        }
+        for prefix in &prefixes {
+            queue.check(prefix).await?;
+        }
+        Ok(std::sync::Arc::new(queue))
+    }
+
+    /// Creates the meta data under `prefix` if it is not there, and compares it with ours.
+    async fn check(&self, prefix: &str) -> Result<(), Error> {
+        let window = window_us(self.config.window).to_string();
+        let shards = self.config.shards.to_string();
+        let found: Vec<Option<String>> = self
+            .invoke(
+                self.scripts
+                    .open
+                    .arg(prefix)
+                    .arg(&window)
+                    .arg(FLAVOUR)
+                    .arg(&shards)
+                    .arg(VERSION),
+            )
+            .await?;
+        let ours = [
+            ("window (µs)", window.as_str()),
+            ("flavour", FLAVOUR),
+            ("shards", shards.as_str()),
+            ("layout version", VERSION),
+        ];
+        for ((what, mine), theirs) in ours.iter().zip(&found) {
+            let theirs = theirs.as_deref().unwrap_or("none");
+            if theirs != *mine {
+                return Err(Error::Mismatch {
+                    queue: self.config.name.clone(),
+                    detail: format!("{what} is {theirs} in Redis, {mine} in this builder"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs a script on the shared connection.
+    async fn invoke<T: ::redis::FromRedisValue>(
+        &self,
+        invocation: &::redis::ScriptInvocation<'_>,
+    ) -> Result<T, Error> {
+        let mut conn = self.conn.clone();
+        invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|err| Error::from_redis(err, &self.config.name))
+    }
+
+    /// The shard that holds the key whose encoding is `key`: FNV-1a, so that every process,
+    /// on any platform and any Rust, routes a key alike.
+    fn shard_of(&self, key: &[u8]) -> usize {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in key {
+            hash ^= u64::from(*byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+        (hash % self.shards.len() as u64) as usize
+    }
+
+    /// Closes every shard.
+    async fn close(&self) -> Result<(), Error> {
+        for prefix in &self.shards {
+            let _: i64 = self.invoke(&self.scripts.close.arg(prefix)).await?;
+        }
+        Ok(())
+    }
+
+    /// A connection of its own, for blocking commands: `None` disables the response timeout.
+    async fn connect(
+        &self,
+        response_timeout: Option<Duration>,
+    ) -> Result<::redis::aio::MultiplexedConnection, Error> {
+        let config = ::redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(response_timeout);
+        self.client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(Error::Connection)
+    }
+}
+
+/// A duration in µs, rounded up, as the scripts take it.
+fn window_us(d: Duration) -> i64 {
+    let us = d.as_nanos().div_ceil(1000);
+    i64::try_from(us).unwrap_or(i64::MAX)
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, Error> {
+    postcard::to_stdvec(value).map_err(|err| Error::Encode(err.to_string()))
+}
