@@ -242,8 +242,9 @@ pub enum Error {
         /// Which setting, with the queue's value and the builder's.
         detail: String,
     },
-    /// The queue's data is no longer in Redis: it was deleted, or the server restarted
-    /// without persistence. Open it again to start afresh.
+    /// The queue's data is no longer in Redis (it was deleted, or the server restarted
+    /// without persistence), and creating it afresh failed too. Handles create it afresh
+    /// by themselves, and go on, when they find it gone.
     Gone {
         /// The queue's name.
         queue: String,
@@ -376,15 +377,7 @@ impl Queue {
             shards,
             scripts: Scripts::new(),
         };
-        // The queue's own tag records its settings even when its data is in shards, so that
-        // a builder with another number of shards is refused.
-        let mut prefixes = vec![format!("{{{}}}", config.name)];
-        if config.shards > 1 {
-            prefixes.extend(queue.shards.iter().cloned());
-        }
-        for prefix in &prefixes {
-            queue.check(prefix).await?;
-        }
+        queue.check_all().await?;
         Ok(std::sync::Arc::new(queue))
     }
 
@@ -393,7 +386,7 @@ impl Queue {
         let window = window_us(self.config.window).to_string();
         let shards = self.config.shards.to_string();
         let found: Vec<Option<String>> = self
-            .invoke(
+            .invoke_once(
                 self.scripts
                     .open
                     .arg(prefix)
@@ -421,8 +414,23 @@ impl Queue {
         Ok(())
     }
 
-    /// Runs a script on the shared connection.
+    /// Runs a script on the shared connection. If the queue's data is gone (a server that
+    /// restarted without persistence), the queue is created afresh and the script runs
+    /// once more: what was lost is lost, and the handles go on.
     async fn invoke<T: ::redis::FromRedisValue>(
+        &self,
+        invocation: &::redis::ScriptInvocation<'_>,
+    ) -> Result<T, Error> {
+        match self.invoke_once(invocation).await {
+            Err(Error::Gone { .. }) => {
+                self.check_all().await?;
+                self.invoke_once(invocation).await
+            }
+            outcome => outcome,
+        }
+    }
+
+    async fn invoke_once<T: ::redis::FromRedisValue>(
         &self,
         invocation: &::redis::ScriptInvocation<'_>,
     ) -> Result<T, Error> {
@@ -431,6 +439,20 @@ impl Queue {
             .invoke_async(&mut conn)
             .await
             .map_err(|err| Error::from_redis(err, &self.config.name))
+    }
+
+    /// Checks, or creates, the meta data of the queue and of each shard.
+    async fn check_all(&self) -> Result<(), Error> {
+        // The queue's own tag records its settings even when its data is in shards, so that
+        // a builder with another number of shards is refused.
+        let whole = format!("{{{}}}", self.config.name);
+        if self.shards.len() > 1 {
+            self.check(&whole).await?;
+        }
+        for prefix in &self.shards {
+            self.check(prefix).await?;
+        }
+        Ok(())
     }
 
     /// The shard that holds the key whose encoding is `key`: FNV-1a, so that every process,

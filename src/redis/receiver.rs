@@ -29,6 +29,8 @@ const DEAD_POLL: Duration = Duration::from_secs(1);
 /// it blocked this long at most.
 const WAKE_BLOCK_SECS: f64 = 1.0;
 
+/// The stream's `recv` in progress.
+type NextBatch<K, V> = Pin<Box<dyn Future<Output = Option<Vec<Delivery<K, V>>>> + Send>>;
 /// A pull's reply: now (ms), ms until the next wake or -1, closed, pending, deliveries.
 type PullReply = (i64, i64, i64, i64, Vec<Taken>);
 /// A delivery as the pull script gives it: key, id, attempt, entered (ms), values.
@@ -53,7 +55,7 @@ type DeadReply = (i64, i64, Vec<(Vec<u8>, String, Vec<Vec<u8>>)>);
 pub struct Receiver<K, V> {
     shared: Arc<Shared<K, V>>,
     /// The stream's pending `recv`, kept across polls.
-    next: Option<Pin<Box<dyn Future<Output = Option<Vec<Delivery<K, V>>>> + Send>>>,
+    next: Option<NextBatch<K, V>>,
     ended: bool,
 }
 
@@ -205,6 +207,15 @@ where
         }
         Ok(total)
     }
+
+    /// Whether the queue holds no value, in flight or not.
+    ///
+    /// # Errors
+    ///
+    /// As for [`len`](Self::len).
+    pub async fn is_empty(&self) -> Result<bool, Error> {
+        Ok(self.len().await? == 0)
+    }
 }
 
 impl<K, V> Shared<K, V>
@@ -339,8 +350,7 @@ impl Queue {
         let c = &self.config;
         let lease = u64::try_from(c.lease.as_millis()).unwrap_or(u64::MAX);
         self.invoke(
-            &self
-                .scripts
+            self.scripts
                 .pull
                 .arg(&self.shards[shard])
                 .arg(c.max_batch)
@@ -367,8 +377,7 @@ impl Queue {
 
     async fn take_dead(&self, shard: usize, list: &str, max: usize) -> Result<DeadReply, Error> {
         self.invoke(
-            &self
-                .scripts
+            self.scripts
                 .dead
                 .arg(&self.shards[shard])
                 .arg(list)

@@ -162,9 +162,9 @@ impl<K: Serialize, V: Serialize> Sender<K, V> {
                 outcome: tx,
             };
             // The line's task lives as long as the line, which we hold: neither fails.
-            line.send(send)
-                .ok()
-                .expect("the line's task outlives its senders");
+            if line.send(send).is_err() {
+                unreachable!("the line's task outlives its senders");
+            }
             match rx.await.expect("the line's task answers every send") {
                 Outcome::Sent => return Ok(()),
                 Outcome::Closed => return Err(SendError::Closed((key, value))),
