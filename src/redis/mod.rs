@@ -45,8 +45,15 @@
 //! the keys that wait, ordered by deadline and then by arrival, and the leases of the
 //! deliveries in flight. Every change is one Lua script, which reads the server's `TIME`. A
 //! waiting receiver sleeps on a tokio timer set to the next deadline or lease expiry the
-//! server reported, and is woken early, when a send moves the first deadline earlier, by a
-//! marker it pops with `BZPOPMIN` on a connection of its own.
+//! server reported, and is woken early by a marker it pops with `BZPOPMIN` on a connection
+//! of its own. A send sets the marker when it moves the first deadline earlier, and a
+//! receiver that takes a batch sets it when more waits, so that another receiver learns of
+//! it. One marker wakes one receiver; since a marker can be lost with a connection, a
+//! waiting receiver also looks once a second.
+//!
+//! A value is decoded as the receiver's `V` only if it takes all of its bytes, but postcard
+//! does not record types: a value of another type with a compatible encoding (a `u32` read
+//! as a `u64`) decodes without error.
 //!
 //! What survives a Redis restart is what Redis persists: with `appendonly yes` and
 //! `appendfsync always`, no value whose `send` returned is lost.

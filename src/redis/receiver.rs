@@ -25,6 +25,9 @@ use crate::error::{DeliveryError, TryRecvError};
 const DEAD_PER_FETCH: usize = 64;
 /// How often dead letters made by other processes are looked for.
 const DEAD_POLL: Duration = Duration::from_secs(1);
+/// The longest a waiting receiver sleeps without looking: a wake marker can be lost with a
+/// connection, or popped by a receiver that has since stopped waiting.
+const LOOK_AGAIN: Duration = Duration::from_secs(1);
 /// How long the waking connection blocks at a time: a receiver that stops waiting leaves
 /// it blocked this long at most.
 const WAKE_BLOCK_SECS: f64 = 1.0;
@@ -240,8 +243,9 @@ where
                 let had = !taken.is_empty();
                 let batch = self.deliveries(shard, now, taken).await;
                 if !batch.is_empty() {
-                    if next == 0 {
-                        // More is due: wake another receiver for it.
+                    if next >= 0 {
+                        // More waits, now or later: wake another receiver to take it or to
+                        // set its timer for it, since only this one has seen when.
                         self.queue.poke(shard).await;
                     }
                     return Ok(Some(batch));
@@ -265,15 +269,14 @@ where
                 }
                 return Ok(None);
             }
-            match wait {
-                Some(0) => tokio::task::yield_now().await,
-                Some(ms) => {
+            match wait.map_or(LOOK_AGAIN, |ms| Duration::from_millis(ms).min(LOOK_AGAIN)) {
+                Duration::ZERO => tokio::task::yield_now().await,
+                wait => {
                     tokio::select! {
-                        () = tokio::time::sleep(Duration::from_millis(ms)) => {}
+                        () = tokio::time::sleep(wait) => {}
                         () = woken => {}
                     }
                 }
-                None => woken.await,
             }
         }
     }
@@ -324,17 +327,26 @@ fn decode<K: DeserializeOwned, V: DeserializeOwned>(
     key: &[u8],
     values: &[Vec<u8>],
 ) -> Result<(K, Vec<V>), String> {
-    let key = postcard::from_bytes(key).map_err(|err| format!("the key does not decode: {err}"))?;
+    let key = whole(key).map_err(|err| format!("the key does not decode: {err}"))?;
     let values = values
         .iter()
         .enumerate()
         .map(|(i, value)| {
-            postcard::from_bytes(value).map_err(|err| {
+            whole(value).map_err(|err| {
                 format!("value {} of {} does not decode: {err}", i + 1, values.len())
             })
         })
         .collect::<Result<_, _>>()?;
     Ok((key, values))
+}
+
+/// Decodes `bytes` as a `T` that takes all of them: bytes left over mean another type.
+fn whole<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    match postcard::take_from_bytes(bytes) {
+        Ok((value, [])) => Ok(value),
+        Ok((_, rest)) => Err(format!("{} bytes are left over", rest.len())),
+        Err(err) => Err(err.to_string()),
+    }
 }
 
 /// Splits a dead letter's "attempts|count|reason".
