@@ -1,0 +1,735 @@
+//! The Redis flavour when things go wrong: the server killed and restarted (with and without
+//! persistence), a bad URL, values that do not decode, a builder whose settings differ from
+//! the queue's, leases that run out or are renewed, and a receiver left idle while keys are
+//! due. Each test starts its own server.
+
+#[path = "common/redis_server.rs"]
+mod redis_server;
+
+use std::collections::{BTreeMap, HashSet};
+use std::future::Future;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use keyed_batch::ack;
+use keyed_batch::error::DeliveryError;
+use keyed_batch::redis::{self, Error, Receiver, SendError, Sender};
+use redis_server::RedisServer;
+
+const fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// The most any step that should be quick may take before the test fails instead of hanging.
+const STEP: Duration = Duration::from_secs(15);
+
+fn builder(server: &RedisServer, queue: &str, window: Duration) -> redis::Builder {
+    redis::Builder::new(server.url(), queue, window)
+}
+
+/// Awaits `f`, failing the test if it takes longer than [`STEP`].
+async fn step<F: Future>(what: &str, f: F) -> F::Output {
+    match tokio::time::timeout(STEP, f).await {
+        Ok(out) => out,
+        Err(_) => panic!("{what} did not finish within {STEP:?}"),
+    }
+}
+
+/// Retries `f` every 50 ms while it fails with [`Error::Connection`] (the client is still
+/// reconnecting), for [`STEP`] at most; returns the first other outcome, and how many tries
+/// failed to connect before it.
+async fn past_reconnect<T, F, Fut>(what: &str, mut f: F) -> (Result<T, Error>, u32)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, Error>>,
+{
+    let deadline = Instant::now() + STEP;
+    let mut refused = 0;
+    loop {
+        match f().await {
+            Err(Error::Connection(err)) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "{what} still cannot reach the restarted server after {STEP:?}: {err}"
+                );
+                refused += 1;
+                tokio::time::sleep(ms(50)).await;
+            }
+            other => return (other, refused),
+        }
+    }
+}
+
+/// Whether `err` is a failed send of `value` for want of a connection.
+fn failed_to_connect<T: PartialEq + std::fmt::Debug>(err: &SendError<T>, value: &T) -> bool {
+    match err {
+        SendError::Failed {
+            value: v,
+            error: Error::Connection(_),
+        } => {
+            assert_eq!(v, value, "the failed send handed back another value");
+            true
+        }
+        _ => false,
+    }
+}
+
+/// The error of a failed send of `value`; panics if the send failed otherwise.
+fn failure<T: PartialEq + std::fmt::Debug>(err: SendError<T>, value: &T) -> Error {
+    match err {
+        SendError::Failed { value: v, error } => {
+            assert_eq!(&v, value, "the failed send handed back another value");
+            error
+        }
+        other => panic!("the send did not fail as expected: {other:?}"),
+    }
+}
+
+// ===== a restart with persistence =====
+
+/// With `appendfsync always`, every value whose send returned `Ok` before the server was
+/// killed is there after the restart; the old handles reconnect by themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_with_aof_keeps_every_sent_value() {
+    const VALUES: u32 = 2_000;
+    const KEYS: u32 = 100;
+    // Divides KEYS, so that each key's values all come from one task, in order.
+    const TASKS: u32 = 20;
+    let Some(mut server) =
+        RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"])
+    else {
+        return;
+    };
+    let queue = builder(&server, "aof", ms(20));
+    let tx: Sender<u32, u32> = queue.sender().await.unwrap();
+    let mut rx: Receiver<u32, u32> = queue.receiver().await.unwrap();
+
+    // Each task sends its values in order and stops at its first failure.
+    let ok = Arc::new(Mutex::new(Vec::new()));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|task| {
+            let tx = tx.clone();
+            let ok = Arc::clone(&ok);
+            tokio::spawn(async move {
+                for v in (task..VALUES).step_by(TASKS as usize) {
+                    match tx.send(v % KEYS, v).await {
+                        Ok(()) => ok.lock().unwrap().push(v),
+                        Err(err) => {
+                            assert!(failed_to_connect(&err, &(v % KEYS, v)), "{err:?}");
+                            return Some(v);
+                        }
+                    }
+                }
+                None
+            })
+        })
+        .collect();
+
+    // Kill the server while sends are in flight: once a quarter have returned.
+    let deadline = Instant::now() + STEP;
+    while ok.lock().unwrap().len() < VALUES as usize / 4 {
+        assert!(Instant::now() < deadline, "the sends are too slow");
+        tokio::time::sleep(ms(1)).await;
+    }
+    server.kill();
+    let mut failed = 0;
+    for task in tasks {
+        if step("a sender task", task).await.unwrap().is_some() {
+            failed += 1;
+        }
+    }
+    let ok: Vec<u32> = std::mem::take(&mut *ok.lock().unwrap());
+    assert!(
+        failed > 0,
+        "every send returned before the kill ({} ok): the test did not kill mid-stream",
+        ok.len()
+    );
+
+    server.restart();
+    // The old sender reconnects: its first sends may still fail to connect.
+    let started = Instant::now();
+    let (sent, refused) = past_reconnect("the old sender", || async {
+        let sent = tx.send(7, 1_000_000).await;
+        sent.map_err(|err| failure(err, &(7, 1_000_000)))
+    })
+    .await;
+    sent.expect("the old sender sends again after the restart");
+    let reconnected_after = started.elapsed();
+
+    // A new handle opens the queue as it was: not gone, the same settings.
+    let fresh: Receiver<u32, u32> = queue.receiver().await.unwrap();
+    let len = fresh.len().await.unwrap();
+    assert!(
+        len > ok.len() as u64 && len <= u64::from(VALUES) + 1,
+        "{len} values in the queue after the restart; {} sends returned Ok",
+        ok.len()
+    );
+    drop(fresh);
+
+    // The old receiver drains it all once the queue is closed.
+    tx.close().await.unwrap();
+    let mut got: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    let mut seen = HashSet::new();
+    step("draining after the restart", async {
+        while let Some(batch) = rx.next().await {
+            for d in &batch {
+                for v in d.values() {
+                    assert!(seen.insert(*v), "{v} delivered twice");
+                    got.entry(*d.key()).or_default().push(*v);
+                }
+            }
+            ack::ack_all(batch).await.unwrap();
+        }
+    })
+    .await;
+    for v in &ok {
+        assert!(
+            seen.contains(v),
+            "{v} was sent (Ok) before the kill but is gone"
+        );
+    }
+    assert!(
+        seen.contains(&1_000_000),
+        "the send after the restart is missing"
+    );
+    for (key, values) in &got {
+        let mut sorted = values.clone();
+        sorted.sort_unstable();
+        assert_eq!(values, &sorted, "key {key}'s values out of order");
+        assert!(values.iter().all(|v| *v == 1_000_000 || v % KEYS == *key));
+    }
+    eprintln!(
+        "aof: {} sends Ok and {failed} failed at the kill; {} values after the restart; the \
+         old sender failed to connect {refused} times, sent again after {reconnected_after:?}",
+        ok.len(),
+        len
+    );
+}
+
+// ===== a restart without persistence =====
+
+/// A killed server fails sends and `recv` with `Error::Connection`, promptly, with the value
+/// handed back; once it is back empty, the queue is `Gone` until a builder opens it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_goes_away_and_comes_back_empty() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let queue = builder(&server, "away", ms(20));
+    let tx: Sender<String, u32> = queue.sender().await.unwrap();
+    let mut rx: Receiver<String, u32> = queue.receiver().await.unwrap();
+    tx.send("a".into(), 1).await.unwrap();
+    let batch = step("the first recv", rx.recv()).await.unwrap().unwrap();
+    assert_eq!(batch[0].values(), [1]);
+    ack::ack_all(batch).await.unwrap();
+
+    server.kill();
+    let started = Instant::now();
+    let err = step("a send to a dead server", tx.send("b".into(), 2))
+        .await
+        .unwrap_err();
+    assert!(failed_to_connect(&err, &("b".to_string(), 2)), "{err:?}");
+    assert!(
+        err.to_string()
+            .starts_with("the send failed: cannot reach Redis"),
+        "{err}"
+    );
+    let send_failed_after = started.elapsed();
+
+    let started = Instant::now();
+    let err = step("a recv from a dead server", rx.recv())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Connection(_)), "{err:?}");
+    assert!(std::error::Error::source(&err).is_some());
+    let recv_failed_after = started.elapsed();
+    // The stream keeps trying through the outage rather than ending.
+    assert!(
+        tokio::time::timeout(ms(1500), rx.next()).await.is_err(),
+        "the stream ended or yielded while the server was down"
+    );
+
+    server.restart();
+    // The data went with the server: sends and receives say so, and keep saying so.
+    let (sent, _) = past_reconnect("the old sender", || async {
+        let sent = tx.send("c".into(), 3).await;
+        sent.map_err(|err| failure(err, &("c".to_string(), 3)))
+    })
+    .await;
+    let err = sent.unwrap_err();
+    assert!(
+        matches!(&err, Error::Gone { queue } if queue == "away"),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("no longer in Redis"), "{err}");
+    let deadline = Instant::now() + STEP;
+    let err = loop {
+        match rx.recv().await {
+            Err(Error::Connection(err)) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the old receiver cannot reconnect: {err}"
+                );
+                tokio::time::sleep(ms(50)).await;
+            }
+            other => break other.unwrap_err(),
+        }
+    };
+    assert!(
+        matches!(&err, Error::Gone { queue } if queue == "away"),
+        "{err:?}"
+    );
+    let err = tx.send("c".into(), 3).await.unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            SendError::Failed {
+                error: Error::Gone { .. },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // The stream does not end on a gone queue: it waits for it to come back.
+    assert!(
+        tokio::time::timeout(ms(1500), rx.next()).await.is_err(),
+        "the stream ended or yielded while the queue was gone"
+    );
+
+    // A builder opens the queue afresh, and the old handles work with it again.
+    let _reopened: Sender<String, u32> = queue.sender().await.unwrap();
+    tx.send("d".into(), 4).await.unwrap();
+    let batch = step("the stream after the queue came back", rx.next())
+        .await
+        .unwrap();
+    assert_eq!(batch.len(), 1);
+    assert_eq!(
+        (batch[0].key().as_str(), batch[0].values()),
+        ("d", &[4][..])
+    );
+    ack::ack_all(batch).await.unwrap();
+    assert_eq!(rx.len().await.unwrap(), 0);
+    eprintln!(
+        "away: a send failed {send_failed_after:?} after the kill, a recv {recv_failed_after:?}"
+    );
+}
+
+// ===== bad addresses =====
+
+#[tokio::test]
+async fn nothing_listens_at_the_url() {
+    let queue = redis::Builder::new("redis://127.0.0.1:1/", "nowhere", ms(20));
+    let started = Instant::now();
+    let err = tokio::time::timeout(Duration::from_secs(10), queue.sender::<u32, u32>())
+        .await
+        .expect("opening a queue at a closed port must fail within 10 s")
+        .unwrap_err();
+    assert!(matches!(err, Error::Connection(_)), "{err:?}");
+    let text = err.to_string();
+    assert!(text.starts_with("cannot reach Redis: "), "{text}");
+    assert!(text.to_lowercase().contains("refused"), "{text}");
+    let err = tokio::time::timeout(Duration::from_secs(10), queue.receiver::<u32, u32>())
+        .await
+        .expect("opening a queue at a closed port must fail within 10 s")
+        .unwrap_err();
+    assert!(matches!(err, Error::Connection(_)), "{err:?}");
+    eprintln!("closed port: both refused within {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn url_that_does_not_parse() {
+    let queue = redis::Builder::new("not a url", "q", ms(20));
+    let err = queue.sender::<u32, u32>().await.unwrap_err();
+    match &err {
+        Error::Url { url, detail } => {
+            assert_eq!(url, "not a url");
+            assert!(!detail.is_empty());
+        }
+        other => panic!("{other:?}"),
+    }
+    let text = err.to_string();
+    assert!(text.starts_with("bad Redis URL \"not a url\": "), "{text}");
+    let err = queue.receiver::<u32, u32>().await.unwrap_err();
+    assert!(matches!(err, Error::Url { .. }), "{err:?}");
+}
+
+// ===== values that do not decode =====
+
+/// Eleven bytes with the continuation bit set: not a varint postcard accepts, so neither a
+/// `u64` nor a `String`'s length. (A `String` value would decode as a `u64`: its length.)
+const GARBLED: [u8; 11] = [0xFF; 11];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_deliveries_step_aside() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let queue = builder(&server, "mixed", ms(20));
+    let good: Sender<String, u64> = queue.sender().await.unwrap();
+    let bad_value: Sender<String, [u8; 11]> = queue.sender().await.unwrap();
+    let bad_key: Sender<[u8; 11], u64> = queue.sender().await.unwrap();
+    let mut rx: Receiver<String, u64> = queue.receiver().await.unwrap();
+
+    let mut want: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for k in 0..10u64 {
+        for v in 0..3 {
+            good.send(format!("k{k}"), k * 10 + v).await.unwrap();
+            want.entry(format!("k{k}")).or_default().push(k * 10 + v);
+        }
+    }
+    // Two garbled values, in one delivery.
+    let (a, b) = tokio::join!(
+        bad_value.send("bad".into(), GARBLED),
+        bad_value.send("bad".into(), GARBLED)
+    );
+    a.unwrap();
+    b.unwrap();
+    // Good values, then a garbled one, under one key: the whole delivery steps aside.
+    good.send("mixed".into(), 1).await.unwrap();
+    good.send("mixed".into(), 2).await.unwrap();
+    bad_value.send("mixed".into(), GARBLED).await.unwrap();
+    bad_key.send(GARBLED, 7).await.unwrap();
+    // Keys sent after the bad ones still come.
+    for k in 10..20u64 {
+        for v in 0..3 {
+            good.send(format!("k{k}"), k * 10 + v).await.unwrap();
+            want.entry(format!("k{k}")).or_default().push(k * 10 + v);
+        }
+    }
+
+    let mut got: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    step("the good keys", async {
+        while got != want {
+            let batch = rx.next().await.expect("the queue is open");
+            for d in &batch {
+                assert!(d.key().starts_with('k'), "key {:?} was delivered", d.key());
+                got.entry(d.key().clone()).or_default().extend(d.values());
+            }
+            ack::ack_all(batch).await.unwrap();
+        }
+    })
+    .await;
+
+    let mut bad = Vec::new();
+    step("the undecodable deliveries", async {
+        while bad.len() < 3 {
+            bad.extend(rx.take_undecodable(10).await.unwrap());
+            tokio::time::sleep(ms(10)).await;
+        }
+    })
+    .await;
+    assert_eq!(bad.len(), 3, "{bad:?}");
+    bad.sort_by(|a, b| a.key.cmp(&b.key));
+    // postcard: a string is its length, then its bytes; a small u64 is one byte.
+    let garbled = GARBLED.to_vec();
+    assert_eq!(bad[0].key, b"\x03bad");
+    assert_eq!(bad[0].values, [garbled.clone(), garbled.clone()]);
+    assert!(
+        bad[0].reason.contains("does not decode"),
+        "{}",
+        bad[0].reason
+    );
+    assert!(
+        bad[0].reason.starts_with("value 1 of 2 "),
+        "{}",
+        bad[0].reason
+    );
+    assert_eq!(bad[1].key, b"\x05mixed");
+    assert_eq!(bad[1].values, [vec![1], vec![2], garbled.clone()]);
+    assert!(
+        bad[1].reason.starts_with("value 3 of 3 does not decode"),
+        "{}",
+        bad[1].reason
+    );
+    assert_eq!(bad[2].key, garbled);
+    assert_eq!(bad[2].values, [vec![7]]);
+    assert!(
+        bad[2].reason.starts_with("the key does not decode"),
+        "{}",
+        bad[2].reason
+    );
+    for b in &bad {
+        assert_eq!(b.attempts, 1, "{b:?}");
+    }
+    // They were taken: nothing is left, in the list or in the queue.
+    assert!(rx.take_undecodable(10).await.unwrap().is_empty());
+    assert_eq!(rx.len().await.unwrap(), 0);
+    good.close().await.unwrap();
+    assert!(step("the end of the stream", rx.next()).await.is_none());
+}
+
+/// A value of another type whose encoding begins like a `u64` does not pass for one: a
+/// string is its length, then its bytes, and the bytes left over show it is no `u64`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn value_with_bytes_left_over_is_undecodable() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let queue = builder(&server, "left-over", ms(20));
+    let strings: Sender<String, String> = queue.sender().await.unwrap();
+    let numbers: Sender<String, u64> = queue.sender().await.unwrap();
+    let mut rx: Receiver<String, u64> = queue.receiver().await.unwrap();
+    strings.send("s".into(), "hello".into()).await.unwrap();
+    numbers.send("n".into(), 1).await.unwrap();
+
+    step("the good key", async {
+        loop {
+            let batch = rx.next().await.unwrap();
+            for d in &batch {
+                assert_ne!(
+                    d.key(),
+                    "s",
+                    "the string \"hello\" was delivered as the u64s {:?}",
+                    d.values()
+                );
+            }
+            let done = batch.iter().any(|d| d.key() == "n");
+            ack::ack_all(batch).await.unwrap();
+            if done {
+                break;
+            }
+        }
+    })
+    .await;
+    let bad = step("the undecodable delivery", async {
+        loop {
+            let bad = rx.take_undecodable(10).await.unwrap();
+            if !bad.is_empty() {
+                break bad;
+            }
+            tokio::time::sleep(ms(10)).await;
+        }
+    })
+    .await;
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert_eq!(bad[0].key, b"\x01s");
+    assert_eq!(bad[0].values, [b"\x05hello".to_vec()]);
+    assert!(
+        bad[0].reason.contains("does not decode"),
+        "{}",
+        bad[0].reason
+    );
+}
+
+// ===== settings that differ =====
+
+#[tokio::test]
+async fn builder_that_differs_from_the_queue_is_refused() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let _created: Sender<u32, u32> = builder(&server, "m", ms(100)).sender().await.unwrap();
+    // Settings that are each handle's own may differ.
+    let _other: Receiver<u32, u32> = builder(&server, "m", ms(100))
+        .lease(ms(50))
+        .max_batch(3)
+        .capacity(10)
+        .max_attempts(2)
+        .receiver()
+        .await
+        .unwrap();
+
+    let mismatch = |err: Error, what: &str| match &err {
+        Error::Mismatch { queue, detail } => {
+            assert_eq!(queue, "m");
+            assert!(detail.starts_with(what), "{detail}");
+            let text = err.to_string();
+            assert!(
+                text.starts_with("the queue \"m\" in Redis has other settings: "),
+                "{text}"
+            );
+        }
+        other => panic!("{other:?}"),
+    };
+    let err = builder(&server, "m", ms(200))
+        .receiver::<u32, u32>()
+        .await
+        .unwrap_err();
+    mismatch(
+        err,
+        "window (µs) is 100000 in Redis, 200000 in this builder",
+    );
+    let err = builder(&server, "m", ms(100))
+        .shards(2)
+        .sender::<u32, u32>()
+        .await
+        .unwrap_err();
+    mismatch(err, "shards is 1 in Redis, 2 in this builder");
+
+    // A sharded queue opened with one shard, by its own tag.
+    let _sharded: Sender<u32, u32> = builder(&server, "s", ms(100))
+        .shards(2)
+        .sender()
+        .await
+        .unwrap();
+    let err = builder(&server, "s", ms(100))
+        .sender::<u32, u32>()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Mismatch { detail, .. } if detail.starts_with("shards is 2 in Redis, 1 ")),
+        "{err:?}"
+    );
+
+    // A queue of another flavour.
+    assert_eq!(
+        server.command(&["HSET", "{m}:meta", "flavour", "ordered"]),
+        ":0\r\n"
+    );
+    let err = builder(&server, "m", ms(100))
+        .sender::<u32, u32>()
+        .await
+        .unwrap_err();
+    mismatch(err, "flavour is ordered in Redis, timed in this builder");
+}
+
+// ===== leases =====
+
+/// A receiver whose runtime stalls past the lease loses the delivery to another receiver,
+/// which gets it with the next attempt; the stalled one's ack then says the lease was lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_holder_loses_its_lease() {
+    const LEASE: Duration = ms(100);
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let queue = builder(&server, "stall", ms(20)).lease(LEASE);
+    let tx: Sender<String, u32> = queue.sender().await.unwrap();
+    let mut b: Receiver<String, u32> = queue.receiver().await.unwrap();
+
+    // Receiver A lives on a runtime of its own, which runs only inside `block_on`: between
+    // calls nothing renews its leases.
+    let (took, took_rx) = mpsc::channel();
+    let (go, go_rx) = mpsc::channel::<()>();
+    let a_queue = queue.clone();
+    let started = Instant::now();
+    let a = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut batch = runtime.block_on(async {
+            let mut a: Receiver<String, u32> = a_queue.receiver().await.unwrap();
+            took.send(()).unwrap();
+            let batch = tokio::time::timeout(STEP, a.next()).await.unwrap().unwrap();
+            (a, batch)
+        });
+        let d = batch.1.pop().unwrap();
+        took.send(()).unwrap();
+        let seen = (d.key().clone(), d.values().to_vec(), d.attempt());
+        // Stalled until B has the values again.
+        go_rx.recv().unwrap();
+        let outcome = runtime.block_on(d.ack());
+        (seen, outcome)
+    });
+    took_rx.recv().unwrap();
+    tx.send("x".into(), 1).await.unwrap();
+    tokio::task::spawn_blocking(move || took_rx.recv_timeout(STEP).unwrap())
+        .await
+        .unwrap();
+
+    let batch = step("the redelivery", b.next()).await.unwrap();
+    let waited = started.elapsed();
+    assert_eq!(batch.len(), 1);
+    assert_eq!(
+        (batch[0].key().as_str(), batch[0].values()),
+        ("x", &[1][..])
+    );
+    assert_eq!(batch[0].attempt(), 2);
+    assert!(
+        waited >= LEASE,
+        "redelivered after {waited:?}, before the lease ran out"
+    );
+    go.send(()).unwrap();
+    let ((key, values, attempt), outcome) = tokio::task::spawn_blocking(move || a.join().unwrap())
+        .await
+        .unwrap();
+    assert_eq!((key.as_str(), &values[..], attempt), ("x", &[1][..], 1));
+    assert!(
+        matches!(outcome, Err(DeliveryError::LeaseLost)),
+        "the stalled holder's ack gave {outcome:?}"
+    );
+    // B's decision stands, and nothing is left.
+    ack::ack_all(batch).await.unwrap();
+    assert_eq!(b.len().await.unwrap(), 0);
+    eprintln!("stall: redelivered {waited:?} after the send");
+}
+
+/// A holder whose runtime runs renews its lease: it keeps the delivery well past the
+/// lease, nobody else gets it, and its ack succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_lease_is_renewed() {
+    const LEASE: Duration = ms(100);
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let queue = builder(&server, "renew", ms(20)).lease(LEASE);
+    let tx: Sender<String, u32> = queue.sender().await.unwrap();
+    let mut a: Receiver<String, u32> = queue.receiver().await.unwrap();
+    let mut b: Receiver<String, u32> = queue.receiver().await.unwrap();
+    tx.send("x".into(), 1).await.unwrap();
+    let batch = step("the delivery", a.next()).await.unwrap();
+    assert_eq!(batch[0].attempt(), 1);
+    let held = Instant::now();
+
+    // Six leases long, another receiver gets nothing.
+    let other = tokio::time::timeout(ms(600), b.next()).await;
+    assert!(
+        other.is_err(),
+        "another receiver got {:?}",
+        other.map(|b| b.map(|b| b.len()))
+    );
+    assert!(held.elapsed() >= ms(600));
+    ack::ack_all(batch)
+        .await
+        .expect("the renewed lease still holds");
+    assert_eq!(a.len().await.unwrap(), 0);
+    tx.close().await.unwrap();
+    assert!(step("the end of the stream", b.next()).await.is_none());
+}
+
+// ===== wakes =====
+
+/// Two receivers wait on an empty queue. Two keys are sent 5 ms apart, so the second does
+/// not move the first deadline and sets no wake marker. The receiver that takes the first
+/// key holds it and stops pulling; the other must still get the second key once it is due.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_receiver_gets_keys_the_busy_one_leaves() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let queue = builder(&server, "idle", ms(20));
+    let tx: Sender<String, u32> = queue.sender().await.unwrap();
+    let (got, mut batches) = tokio::sync::mpsc::unbounded_channel();
+    for id in 0..2 {
+        let mut rx: Receiver<String, u32> = queue.receiver().await.unwrap();
+        let got = got.clone();
+        tokio::spawn(async move {
+            // Takes one batch, then holds it, undecided, and pulls no more.
+            let batch = rx.next().await.unwrap();
+            got.send((id, batch[0].key().clone())).unwrap();
+            std::future::pending::<()>().await;
+            drop(batch);
+        });
+    }
+    // Both have pulled, found nothing, and wait.
+    tokio::time::sleep(ms(200)).await;
+    let sent = Instant::now();
+    tx.send("x".into(), 1).await.unwrap();
+    tokio::time::sleep(ms(5)).await;
+    tx.send("y".into(), 2).await.unwrap();
+
+    let (first, key) = step("the first key", batches.recv()).await.unwrap();
+    assert_eq!(key, "x");
+    let second = tokio::time::timeout(Duration::from_secs(3), batches.recv()).await;
+    let Ok(Some((other, key))) = second else {
+        panic!(
+            "receiver {first} holds \"x\"; the other never got \"y\", due {:?} ago \
+             (values in the queue: {:?})",
+            sent.elapsed() - ms(25),
+            server.command(&["HGET", "{idle}:meta", "pending"]),
+        );
+    };
+    assert_eq!((other, key.as_str()), (1 - first, "y"));
+}
