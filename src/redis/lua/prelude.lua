@@ -139,7 +139,7 @@ local function next_wake()
   end
   local lease = redis.call('ZRANGE', LEASE, 0, 0, 'WITHSCORES')
   if lease[2] then
-    local wait = math.max(0, tonumber(lease[2]) - now_ms)
+    local wait = math.max(0, tonumber(lease[2]) + 1 - now_ms)
     if best < 0 or wait < best then best = wait end
   end
   return best

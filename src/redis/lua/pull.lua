@@ -5,7 +5,8 @@
 local budget = tonumber(ARGV[2])
 local lease = tonumber(ARGV[3])
 local max_attempts = tonumber(ARGV[4])
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', LEASE, '-inf', now_ms, 'LIMIT', 0, 100)) do
+-- A lease set at ms m lasts until m + lease is past, so that it is never short.
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', LEASE, '-inf', '(' .. now_ms, 'LIMIT', 0, 100)) do
   local k = redis.call('HGET', LK, id)
   unlease(id)
   if k then
