@@ -9,11 +9,12 @@
 --   P:s:<k>  HASH  the key's state (see below)
 --   P:lease  ZSET  delivery id -> lease expiry (ms, server clock)
 --   P:lk     HASH  delivery id -> key
+--   P:held   ZSET  key -> when its retry delay is over (ms), for keys held by one
 --   P:wake   ZSET  a marker that receivers pop with BZPOPMIN to wake early
 --   P:dead, P:bad  LISTs of dead letters: key, "attempts|count|reason", then the values
 -- The key's state: ent (ms its oldest waiting value arrived), att and cov (the attempt of the
--- front cov values that came back), hold (held by a retry delay); while a delivery is in
--- flight: fl (its id), fn (its count), fa (its attempt), osc (the score it had), rest (values
+-- front cov values that came back), hold (its score, while a retry delay holds it in HELD);
+-- while a delivery is in flight: fl (its id), fn (its count), fa (its attempt), osc (the score it had), rest (values
 -- behind it that were due with it), nsc and nen (score and arrival of the run that started
 -- while it was in flight).
 local P = ARGV[1]
@@ -22,6 +23,7 @@ local DUE = P .. ':due'
 local WAKE = P .. ':wake'
 local LEASE = P .. ':lease'
 local LK = P .. ':lk'
+local HELD = P .. ':held'
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = math.floor(now_us / 1000)
@@ -64,22 +66,33 @@ local function unlease(id)
 end
 
 -- The delivery in flight for `k` goes back in front of its key's values, due in `delay_us`.
+-- It keeps the rank it had when it was taken, as in memory: once due again, it goes ahead
+-- of keys that came due after it. A delayed key waits in HELD until its delay is over.
 local function requeue(k, s, delay_us)
-  local st = redis.call('HMGET', s, 'fa', 'fn', 'cov')
+  local st = redis.call('HMGET', s, 'fa', 'fn', 'cov', 'osc')
   local cov = tonumber(st[3] or '0')
   local fn = tonumber(st[2])
   if fn > cov then cov = fn end
   redis.call('HSET', s, 'att', st[1], 'cov', cov)
   redis.call('HDEL', s, 'fl', 'fn', 'fa', 'osc', 'rest', 'nsc', 'nen')
-  local rel
   if delay_us > 0 then
-    rel = due_in(delay_us)
-    redis.call('HSET', s, 'hold', 1)
+    redis.call('HSET', s, 'hold', st[4])
+    redis.call('ZADD', HELD, due_in(delay_us) + epoch, k)
   else
-    rel = now_ms - epoch
+    enqueue(k, tonumber(st[4]))
+  end
+end
+
+-- Keys whose retry delay is over (all of them once closed) go back in line, at their rank.
+local function release(closed)
+  local limit = now_ms
+  if closed then limit = '+inf' end
+  for _, k in ipairs(redis.call('ZRANGEBYSCORE', HELD, '-inf', limit, 'LIMIT', 0, 1000)) do
+    local s = skey(k)
+    redis.call('ZREM', HELD, k)
+    enqueue(k, tonumber(redis.call('HGET', s, 'hold')))
     redis.call('HDEL', s, 'hold')
   end
-  enqueue(k, score_at(rel))
 end
 
 -- The delivery in flight for `k` leaves the queue: acked, given up or dead.
@@ -136,6 +149,12 @@ local function next_wake()
     elseif rel < NEVER then
       best = math.max(0, rel + epoch - now_ms)
     end
+  end
+  local held = redis.call('ZRANGE', HELD, 0, 0, 'WITHSCORES')
+  if held[2] then
+    local wait = 0
+    if not closed then wait = math.max(0, tonumber(held[2]) - now_ms) end
+    if best < 0 or wait < best then best = wait end
   end
   local lease = redis.call('ZRANGE', LEASE, 0, 0, 'WITHSCORES')
   if lease[2] then

@@ -21,6 +21,7 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', LEASE, '-inf', '(' .. now_ms, 'L
   end
 end
 local closed = redis.call('HGET', META, 'closed') == '1'
+release(closed)
 local limit = '+inf'
 if not closed then limit = (now_ms - epoch) * 4096 + 4095 end
 local due = redis.call('ZRANGEBYSCORE', DUE, '-inf', limit, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[5]))
@@ -39,7 +40,6 @@ for i = 1, #due, 2 do
   local id = tostring(redis.call('HINCRBY', META, 'bid', 1))
   redis.call('ZREM', DUE, k)
   redis.call('HSET', s, 'fl', id, 'fn', n, 'fa', attempt, 'osc', due[i + 1], 'rest', len - n)
-  redis.call('HDEL', s, 'hold')
   redis.call('ZADD', LEASE, now_ms + lease, id)
   redis.call('HSET', LK, id, k)
   taken[#taken + 1] = { k, id, attempt, tonumber(st[3] or now_ms), redis.call('LRANGE', L, 0, n - 1) }
