@@ -28,6 +28,9 @@ type Batch = Vec<Delivery<Key, Value>>;
 
 /// Long enough for anything due to arrive on a loaded machine: waiting longer is a failure.
 const PATIENCE: Duration = Duration::from_secs(5);
+/// The most a consumer task may run: values that come back for ever never leave
+/// [`PATIENCE`] without a batch.
+const CONSUMER_LIMIT: Duration = Duration::from_secs(30);
 
 const fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -717,7 +720,10 @@ async fn a_stream_from_many_tasks(mode: Mode) {
         producer.await.unwrap();
     }
     q.close().await;
-    let got = consumer.await.unwrap();
+    let got = timeout(CONSUMER_LIMIT, consumer)
+        .await
+        .expect("the stream did not end")
+        .unwrap();
     let want: BTreeMap<Key, Vec<Value>> = (0..KEYS).map(|k| (k, (0..VALUES).collect())).collect();
     assert_eq!(got, want);
 }
@@ -758,6 +764,7 @@ mod redis_only {
                         // Numbered when taken: a key's next delivery is taken after this
                         // one is acknowledged.
                         let n = seq.fetch_add(1, Ordering::SeqCst);
+                        assert_eq!(delivery.attempt(), 1, "key {}", delivery.key());
                         got.push((n, *delivery.key(), delivery.values().to_vec()));
                         sleep(ms(5)).await;
                         delivery.ack().await.unwrap();
@@ -774,7 +781,10 @@ mod redis_only {
         tx.close().await.unwrap();
         let mut all = Vec::new();
         for consumer in consumers {
-            let got = consumer.await.unwrap();
+            let got = timeout(CONSUMER_LIMIT, consumer)
+                .await
+                .expect("the stream did not end")
+                .unwrap();
             assert!(!got.is_empty(), "a receiver got nothing");
             all.extend(got);
         }
@@ -922,6 +932,7 @@ mod redis_only {
                     batch = rx.next() => {
                         let Some(batch) = batch else { return got };
                         for delivery in &batch {
+                            assert_eq!(delivery.attempt(), 1, "key {}", delivery.key());
                             got.entry(*delivery.key())
                                 .or_default()
                                 .extend_from_slice(delivery.values());
@@ -938,7 +949,10 @@ mod redis_only {
             tx.send(key, VALUES).await.unwrap();
         }
         tx.close().await.unwrap();
-        let got = consumer.await.unwrap();
+        let got = timeout(CONSUMER_LIMIT, consumer)
+            .await
+            .expect("the stream did not end")
+            .unwrap();
         let want: BTreeMap<Key, Vec<Value>> =
             (0..KEYS).map(|k| (k, (0..=VALUES).collect())).collect();
         assert_eq!(got, want);
