@@ -14,9 +14,9 @@
 --   P:dead, P:bad  LISTs of dead letters: key, "attempts|count|reason", then the values
 -- The key's state: ent (ms its oldest waiting value arrived), att and cov (the attempt of the
 -- front cov values that came back), hold (its score, while a retry delay holds it in HELD);
--- while a delivery is in flight: fl (its id), fn (its count), fa (its attempt), osc (the score it had), rest (values
--- behind it that were due with it), nsc and nen (score and arrival of the run that started
--- while it was in flight).
+-- while a delivery is in flight: fl (its id), fn (its count), fa (its attempt), osc (the
+-- score it had), rest (values behind it that were due with it), nsc and nen (score and
+-- arrival of the run that started while it was in flight).
 local P = ARGV[1]
 local META = P .. ':meta'
 local DUE = P .. ':due'
