@@ -333,6 +333,8 @@ on_both!(
     the_last_attempt_makes_a_dead_letter,
     close_refuses_sends_and_drains,
     close_cuts_a_retry_delay_short,
+    a_retried_key_keeps_its_rank,
+    a_delayed_retry_keeps_its_rank,
     a_split_retry_keeps_its_attempt,
     ack_all_then_the_stream_ends,
     a_stream_from_many_tasks,
@@ -620,6 +622,49 @@ async fn close_cuts_a_retry_delay_short(mode: Mode) {
     assert_eq!(again[0].attempt(), 2);
     ack_each(again).await;
     assert_ends(&mut q.rx).await;
+}
+
+/// A key retried at once keeps the rank it had: it goes ahead of a key that came due
+/// while it was in flight.
+async fn a_retried_key_keeps_its_rank(mode: Mode) {
+    let window = ms(50);
+    let Some(mut q) = setup("retry-rank", window).open(mode).await else {
+        return;
+    };
+    q.tx.send(2, 20).await.unwrap();
+    let two = next_batch(&mut q.rx).await.remove(0);
+    q.tx.send(1, 10).await.unwrap();
+    tokio::time::sleep(window * 2).await;
+    two.retry().await.unwrap();
+    let batch = next_batch(&mut q.rx).await;
+    assert_eq!(contents(&batch), [(2, vec![20]), (1, vec![10])]);
+    assert_eq!(batch[0].attempt(), 2);
+    ack_each(batch).await;
+}
+
+/// A key retried after a delay is not taken before it, and then still goes ahead of a key
+/// that came due meanwhile.
+async fn a_delayed_retry_keeps_its_rank(mode: Mode) {
+    let window = ms(50);
+    let Some(mut q) = setup("retry-delay-rank", window).open(mode).await else {
+        return;
+    };
+    q.tx.send(2, 20).await.unwrap();
+    let two = next_batch(&mut q.rx).await.remove(0);
+    let retried = Instant::now();
+    two.retry_after(ms(200)).await.unwrap();
+    q.tx.send(1, 10).await.unwrap();
+    let first = next_batch(&mut q.rx).await;
+    assert_eq!(contents(&first), [(1, vec![10])]);
+    q.tx.send(1, 11).await.unwrap();
+    // Key 1 is due again at about 50 + 50 ms, key 2 at 200 ms: hold key 1 in flight past
+    // both, so that both are due when the next batch is taken.
+    tokio::time::sleep(ms(300)).await;
+    ack_each(first).await;
+    let batch = next_batch(&mut q.rx).await;
+    assert!(retried.elapsed() >= ms(200));
+    assert_eq!(contents(&batch), [(2, vec![20]), (1, vec![11])]);
+    ack_each(batch).await;
 }
 
 /// A retried delivery that a batch cap then splits: the part split off was handed out
