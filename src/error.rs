@@ -225,8 +225,8 @@ pub enum DeliveryError {
     /// The delivery's lease ran out before the decision arrived, and its values went to
     /// another receiver. Only a channel whose deliveries are leased returns it.
     LeaseLost,
-    /// The decision could not be recorded. Only a channel that records its decisions, to
-    /// survive a crash, returns it.
+    /// The decision could not be recorded: written to a durable channel's log, or sent to
+    /// the Redis server. Only those modes return it.
     Io(std::sync::Arc<std::io::Error>),
 }
 

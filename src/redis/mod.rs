@@ -28,7 +28,7 @@
 //!
 //! | | in memory (`timed::Builder::acked`) | Redis |
 //! |---|---|---|
-//! | time | tokio's clock, to the tick | the Redis server's clock, to the millisecond: deadlines are rounded up, so nothing is early; the machines' clocks do not matter |
+//! | time | tokio's clock, to the tick | the Redis server's clock, to the millisecond: deadlines are rounded up, so nothing is early; the machines' clocks do not matter, and [`entered`](crate::ack::Delivery::entered) is the server's time turned into a local `Instant` |
 //! | close | when every sender is gone, or `close()` | only an explicit [`Sender::close`] or [`Receiver::close`], and for good: the queue's name stays closed |
 //! | no receiver | sends fail once every receiver is gone | sends succeed: values wait in Redis for a receiver to come |
 //! | delivery | exactly once | at least once: a delivery whose lease runs out (its holder died or stalled) goes out again with `attempt + 1`, and a decision made after that fails with [`LeaseLost`] |

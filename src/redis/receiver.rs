@@ -52,7 +52,8 @@ type DeadReply = (i64, i64, Vec<(Vec<u8>, String, Vec<Vec<u8>>)>);
 /// goes to one of them.
 ///
 /// The stream ends once the queue is closed and empty, nothing in flight; through a server
-/// outage it keeps trying, once a second at most. [`recv`](Self::recv) returns the errors.
+/// outage it keeps trying, with a backoff of up to a second. [`recv`](Self::recv) returns
+/// the errors.
 ///
 /// [`Stream`]: futures_core::Stream
 pub struct Receiver<K, V> {
