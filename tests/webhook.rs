@@ -11,12 +11,20 @@
 //! real HTTP exchange, and paused time does not drive socket I/O. Each test runs one mode for
 //! 2 s, side by side, so the file takes about 3 s (5 s where the tests run two at a time);
 //! with the `durable` feature, one more test runs three times in a row, about 8 s.
+//!
+//! With the `redis` feature, one more test runs batched mode with `--redis`, against a
+//! `redis-server` of its own: in two processes, this test and a second run of this test
+//! binary (`redis_worker`) that stands in for the example's worker process.
 
 // The example's `mod server;` and its other `mod` lines resolve beside `main.rs`, in
 // `examples/webhook/`: a file loaded through `#[path]` owns its directory, as a `mod.rs` does.
 #[path = "../examples/webhook/main.rs"]
 #[allow(dead_code)] // the example's `main`, table and JSON output are not used here
 mod webhook;
+
+#[cfg(feature = "redis")]
+#[path = "common/redis_server.rs"]
+mod redis_server;
 
 use clap::error::ErrorKind;
 use clap::Parser as _;
@@ -202,6 +210,105 @@ async fn durable() {
     assert_exactly_once(&again);
 }
 
+/// The environment variable that hands `redis_worker` its command line, one argument a line.
+#[cfg(feature = "redis")]
+const WORKER_ENV: &str = "KEYED_BATCH_WEBHOOK_WORKER";
+
+/// With `--redis`, batched mode runs in two processes, each with half the producers and its
+/// own consumers, sharing one queue in Redis, and POSTs to the parent's server: every event
+/// still gets in exactly once, each customer's in order and one request at a time, despite
+/// the failures; both processes deliver, and batching holds across them: a customer gets
+/// about one request per window, and no event waits a second window beyond its retries.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_two_processes() {
+    let Some(server) = redis_server::RedisServer::start() else {
+        return;
+    };
+    let mut options = run_args("batched", &["--redis", &server.url()]);
+    options.worker_command = worker_command;
+    let report = run_options(&options).await;
+    assert_eq!(report.mode, "batched");
+    assert!(report.failed_requests > 0, "{report:#?}");
+
+    assert_exactly_once(&report);
+    assert_in_order_one_at_a_time(&report);
+
+    // Each process made the events of its half of the producers, and delivered some.
+    let [parent, worker] = report.processes.clone().expect("two processes' figures");
+    let half = options.events_per_producer() * u64::from(options.producers / 2);
+    assert_eq!(
+        (parent.events_produced, worker.events_produced),
+        (half, half)
+    );
+    assert!(parent.requests_delivered > 0, "{report:#?}");
+    assert!(worker.requests_delivered > 0, "{report:#?}");
+    // What the two processes' consumers got in is what the server took, none twice.
+    assert_eq!(
+        parent.events_delivered + worker.events_delivered,
+        report.events_received,
+        "{report:#?}"
+    );
+    assert_eq!(
+        parent.requests_delivered + worker.requests_delivered,
+        report.http_requests - report.failed_requests,
+        "{report:#?}"
+    );
+
+    // Each step of a delivery through Redis is a round trip (the send, the pull, each
+    // decision) among three busy processes: the slack is a whole window here, not
+    // `SLACK_MS`. The median event still waits less than a window.
+    let bound = WINDOW_MS + backoff_ms(report.max_event_failures) + WINDOW_MS;
+    assert!(
+        report.delay_max_ms <= bound,
+        "max delay {} ms over {bound} ms: {report:#?}",
+        report.delay_max_ms
+    );
+    assert!(report.delay_p50_ms < WINDOW_MS, "{report:#?}");
+    // Batching held across the processes: one request per customer per window, plus the
+    // retries, as in `batched`.
+    let runs = (report.produce_seconds * 1000.0 / WINDOW_MS).floor() as u64 + 1;
+    let most = CUSTOMERS * runs + report.failed_requests;
+    assert!(
+        report.http_requests <= most,
+        "{} requests, at most {most} expected: {report:#?}",
+        report.http_requests
+    );
+}
+
+/// Starts `redis_worker`: this test binary again, its arguments in [`WORKER_ENV`].
+#[cfg(feature = "redis")]
+fn worker_command(args: &[String]) -> std::process::Command {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut command = std::process::Command::new(exe);
+    command
+        .args(["redis_worker", "--exact", "--ignored", "--nocapture"])
+        .args(["--test-threads=1", "--quiet"])
+        .env(WORKER_ENV, args.join("\n"));
+    command
+}
+
+/// The worker process of `redis_two_processes`, which runs it with [`WORKER_ENV`] set.
+#[cfg(feature = "redis")]
+#[test]
+#[ignore = "the worker process of redis_two_processes: that test runs it"]
+fn redis_worker() {
+    let args = std::env::var(WORKER_ENV).unwrap_or_else(|_| {
+        panic!("redis_worker is redis_two_processes's worker: it runs it with {WORKER_ENV} set")
+    });
+    let args: Vec<&str> = args.lines().collect();
+    let options = parse(&args)
+        .expect("the parent's arguments")
+        .expect("not --help");
+    assert!(options.worker, "{args:?}");
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(webhook::run_worker(&options));
+}
+
 /// The command line takes both `--name value` and `--name=value`, and refuses what it
 /// cannot run.
 #[test]
@@ -237,6 +344,36 @@ fn options() {
     );
     assert!(parse(&["--mode", "sideways"]).is_err());
     assert!(parse(&["--rate"]).is_err(), "a missing value");
+
+    // `--redis` needs the `redis` feature, and says so; the worker's command line, made
+    // from the parent's options, parses back to the same workload.
+    let redis = parse(&["--redis", "redis://127.0.0.1:6379/", "--window", "250ms"]);
+    #[cfg(feature = "redis")]
+    {
+        let options = redis.unwrap().unwrap();
+        assert_eq!(options.redis.as_deref(), Some("redis://127.0.0.1:6379/"));
+        let args = options.worker_args(8080, "q", 42);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let worker = parse(&args).unwrap().unwrap();
+        assert!(worker.worker);
+        assert_eq!(worker.redis, options.redis);
+        assert_eq!(worker.server_port, Some(8080));
+        assert_eq!(worker.queue.as_deref(), Some("q"));
+        assert_eq!(worker.clock_zero, Some(42));
+        assert_eq!(worker.window, options.window);
+        assert_eq!(worker.backoff, options.backoff);
+        assert_eq!(worker.seconds, options.seconds);
+        assert_eq!(worker.events_per_producer(), options.events_per_producer());
+        assert!(
+            parse(&["--worker"]).is_err(),
+            "a worker needs its parent's options"
+        );
+    }
+    #[cfg(not(feature = "redis"))]
+    {
+        let err = redis.unwrap_err().to_string();
+        assert!(err.contains("--features redis"), "{err}");
+    }
 
     // `--durable` needs the `durable` feature, and says so.
     let durable = parse(&["--durable", "/tmp/queue"]);

@@ -43,16 +43,26 @@
 //! events pending leaves them there for the next run with the same `DIR` to deliver, ahead of
 //! its own.
 //!
+//! With `--redis URL` (and `--features redis`), batched mode keeps its queue in Redis
+//! (`keyed_batch::redis`) and runs as two processes: this one starts a second, its worker,
+//! and each runs half the producers and `--consumers` consumers of its own, all sharing the
+//! one queue and POSTing to this process's server. The server's checks hold across both: each
+//! event once, each customer's in order, one request at a time. A second table shows what
+//! each process made and delivered.
+//!
 //! Run with `--help` for the options. Linux only for the CPU column (it reads `/proc`).
 //!
 //! This file is the batching: the run of one mode, the two ways to deliver, the consumer that
 //! acks or retries, and the producers. Beside it: `client.rs` (the HTTP client and the retry
 //! policy), `server.rs` (the customers' endpoints, what they saw and its checks),
-//! `options.rs` (the command line), `report.rs` (the table, the JSON and the progress bar)
-//! and `support.rs` (the Ctrl-C flag, the clock, the seeded generator).
+//! `options.rs` (the command line), `report.rs` (the table, the JSON and the progress bar),
+//! `support.rs` (the Ctrl-C flag, the clock, the seeded generator) and `redis_mode.rs`
+//! (batched mode through Redis, in two processes).
 
 mod client;
 mod options;
+#[cfg(feature = "redis")]
+mod redis_mode;
 mod report;
 mod server;
 mod support;
@@ -64,6 +74,7 @@ use axum::body::Bytes;
 use clap::Parser as _;
 use futures::future::join_all;
 use keyed_batch::ack::{DeadLetters, Delivery};
+use keyed_batch::error::DeliveryError;
 use keyed_batch::timed;
 use serde::{Deserialize, Serialize};
 use tokio::task::{JoinHandle, JoinSet};
@@ -72,14 +83,21 @@ use tokio::time::{sleep, Instant};
 use client::Client;
 use options::Mode;
 pub use options::Options;
+#[cfg(feature = "redis")]
+pub use redis_mode::run_worker;
 pub use report::Report;
-use report::{thousands, CpuTime, Percentiles, Progress};
+use report::{thousands, CpuTime, Percentiles, ProcessFigures, Progress};
 use server::Server;
 use support::{now_us, Random, Stop};
 
 #[tokio::main]
 async fn main() {
     let mut options = Options::parse();
+    #[cfg(feature = "redis")]
+    if options.worker {
+        redis_mode::run_worker(&options).await;
+        return;
+    }
     // The bar redraws its line; into a file or a pipe that would only be noise.
     options.progress = std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
     if options.durable.is_some() {
@@ -120,13 +138,27 @@ async fn run_mode(mode: Mode, options: &Options, stop: &Stop) -> Report {
     let started = Instant::now();
     let progress = Progress::start(mode, options, server.counts());
 
-    let produced = match mode {
+    let mut produced = match mode {
         Mode::Direct => run_direct(options, &client, stop).await,
-        Mode::Batched => run_batched(options, &client, stop).await,
+        Mode::Batched => match &options.redis {
+            None => run_batched(options, &client, stop).await,
+            #[cfg(feature = "redis")]
+            Some(url) => {
+                let port = server.addr.port();
+                redis_mode::run_batched(options, url, &client, port, stop).await
+            }
+            #[cfg(not(feature = "redis"))]
+            Some(_) => unreachable!("--redis is refused without the redis feature"),
+        },
     };
 
     let run_seconds = started.elapsed().as_secs_f64();
-    let cpu_seconds = cpu.seconds();
+    let mut cpu_seconds = cpu.seconds();
+    if let Some([parent, worker]) = &mut produced.processes {
+        // Across two processes: the CPU time of both.
+        parent.cpu_seconds = cpu_seconds;
+        cpu_seconds = cpu_seconds.zip(worker.cpu_seconds).map(|(a, b)| a + b);
+    }
     progress.finish();
     let max_event_failures = client.max_failures();
     let dead_letters = client.dead_letters();
@@ -159,6 +191,7 @@ async fn run_mode(mode: Mode, options: &Options, stop: &Stop) -> Report {
         dead_letters,
         out_of_order_events: seen.out_of_order,
         overlapping_requests: seen.overlapping,
+        processes: produced.processes,
     }
 }
 
@@ -167,7 +200,7 @@ async fn run_mode(mode: Mode, options: &Options, stop: &Stop) -> Report {
 /// The old way: every event gets its own POST, retried until it gets in or `--max-attempts`
 /// POSTs have failed.
 async fn run_direct(options: &Options, client: &Client, stop: &Stop) -> Produced {
-    produce(options, stop, |_| Sink::Direct {
+    produce(options, stop, Share::ALL, |_| Sink::Direct {
         client: client.clone(),
         deliveries: JoinSet::new(),
     })
@@ -223,7 +256,7 @@ async fn run_batched(options: &Options, client: &Client, stop: &Stop) -> Produce
     let consumers: Vec<JoinHandle<()>> = (0..options.consumers)
         .map(|_| tokio::spawn(consume(rx.clone(), client.clone())))
         .collect();
-    let mut produced = produce(options, stop, |_| Sink::Batched(tx.clone())).await;
+    let mut produced = produce(options, stop, Share::ALL, |_| Sink::Batched(tx.clone())).await;
     produced.recovered = recovered;
     if options.abandon {
         // What a crash leaves: deliveries dropped undecided, a channel never closed.
@@ -249,22 +282,29 @@ async fn run_batched(options: &Options, client: &Client, stop: &Stop) -> Produce
 async fn consume(mut rx: timed::AckReceiver<u32, Event>, client: Client) {
     while let Some(batch) = rx.recv().await {
         // A batch holds every customer that is due; POST them side by side.
-        join_all(batch.into_iter().map(|delivery| deliver(&client, delivery))).await;
+        let delivered = join_all(batch.into_iter().map(|delivery| deliver(&client, delivery)));
+        for (_, decided) in delivered.await {
+            decided.expect("an in-memory channel decides at once");
+        }
     }
 }
 
 /// POSTs one customer's events, then acks them, or retries them after the backoff: they go
 /// out again in front of whatever the customer got meanwhile. Beyond `--max-attempts` the
-/// retry makes them dead letters.
-async fn deliver(client: &Client, delivery: Delivery<u32, Event>) {
+/// retry makes them dead letters. Returns how many events got in (0 if the POST failed) and
+/// whether the decision was recorded.
+async fn deliver(
+    client: &Client,
+    delivery: Delivery<u32, Event>,
+) -> (usize, Result<(), DeliveryError>) {
     let attempt = delivery.attempt();
-    let decided = if client.post(*delivery.key(), body(delivery.values())).await {
+    let events = delivery.values().len();
+    if client.post(*delivery.key(), body(delivery.values())).await {
         client.delivered(attempt - 1);
-        delivery.ack()
+        (events, delivery.ack().await)
     } else {
-        delivery.retry_after(client.retry_delay(attempt))
-    };
-    decided.await.expect("an in-memory channel decides at once");
+        (0, delivery.retry_after(client.retry_delay(attempt)).await)
+    }
 }
 
 /// Counts the events given up after `--max-attempts` POSTs, until the channel is done.
@@ -302,6 +342,8 @@ enum Sink {
         deliveries: JoinSet<()>,
     },
     Batched(timed::Sender<u32, Event>),
+    #[cfg(feature = "redis")]
+    Redis(keyed_batch::redis::Sender<u32, Event>),
 }
 
 impl Sink {
@@ -319,6 +361,8 @@ impl Sink {
                     .await
                     .unwrap_or_else(|_| unreachable!("the channel closes after the producers"));
             }
+            #[cfg(feature = "redis")]
+            Sink::Redis(tx) => redis_mode::send(tx, customer, event).await,
         }
     }
 
@@ -334,12 +378,32 @@ struct Produced {
     seconds: f64,
     /// Events a durable channel's log gave back when it opened: made by an earlier run.
     recovered: u64,
+    /// A `--redis` run's figures for each of its two processes, the parent first.
+    processes: Option<[ProcessFigures; 2]>,
 }
 
-/// Runs `--producers` tasks that make events at `--rate` in all for `--seconds` (or until
-/// Ctrl-C), each for a customer drawn from a seeded generator: both modes get the same
-/// events, with the same ids, for the same customers.
-async fn produce(options: &Options, stop: &Stop, sink: impl Fn(u32) -> Sink) -> Produced {
+/// Which of the `--producers` a process runs: those whose index is `index` modulo `of`.
+#[derive(Clone, Copy)]
+struct Share {
+    index: u32,
+    of: u32,
+}
+
+impl Share {
+    /// Every producer: the run is one process.
+    const ALL: Share = Share { index: 0, of: 1 };
+}
+
+/// Runs `--producers` tasks (those of this process's `share`) that make events at `--rate`
+/// in all for `--seconds` (or until Ctrl-C), each for a customer drawn from a seeded
+/// generator: both modes get the same events, with the same ids, for the same customers,
+/// however the producers are shared between processes.
+async fn produce(
+    options: &Options,
+    stop: &Stop,
+    share: Share,
+    sink: impl Fn(u32) -> Sink,
+) -> Produced {
     let started = Instant::now();
     let rate = options.producer_rate();
     let total = options.events_per_producer();
@@ -351,7 +415,7 @@ async fn produce(options: &Options, stop: &Stop, sink: impl Fn(u32) -> Sink) -> 
         0
     };
     let mut producers = JoinSet::new();
-    for index in 0..options.producers {
+    for index in (share.index..options.producers).step_by(share.of as usize) {
         let (stop, mut sink) = (stop.clone(), sink(index));
         let (customers, producers_count) = (options.customers, u64::from(options.producers));
         let mut random = Random::new(options.seed ^ (u64::from(index) << 32));
@@ -382,6 +446,7 @@ async fn produce(options: &Options, stop: &Stop, sink: impl Fn(u32) -> Sink) -> 
         events: 0,
         seconds: 0.0,
         recovered: 0,
+        processes: None,
     };
     while let Some(done) = producers.join_next().await {
         let (events, seconds) = done.expect("producer panicked");

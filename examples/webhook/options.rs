@@ -1,6 +1,9 @@
-//! The command line: the options with their defaults and checks, and the modes to run.
+//! The command line: the options with their defaults and checks, the modes to run, and the
+//! worker process's command line in a `--redis` run.
 
 use std::path::PathBuf;
+#[cfg(feature = "redis")]
+use std::process::Command;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -73,6 +76,28 @@ pub struct Options {
     /// there (needs the durable feature)
     #[arg(long, value_name = "DIR", value_parser = durable_dir)]
     pub durable: Option<PathBuf>,
+    /// Batched: keep the queue in Redis at URL, and deliver it from two processes, this one
+    /// and a worker it starts, each with half the producers and --consumers consumers (needs
+    /// the redis feature)
+    #[arg(long, value_name = "URL", value_parser = redis_url, conflicts_with = "durable")]
+    pub redis: Option<String>,
+    /// Run as the worker process of a --redis run: the parent starts it with the options
+    /// below and its own workload options.
+    #[cfg(feature = "redis")]
+    #[arg(long, hide = true, requires_all = ["redis", "server_port", "queue", "clock_zero"])]
+    pub worker: bool,
+    /// The worker's: the port of the customers' server, on 127.0.0.1.
+    #[cfg(feature = "redis")]
+    #[arg(long, hide = true, value_name = "PORT")]
+    pub server_port: Option<u16>,
+    /// The worker's: the name of the queue in Redis.
+    #[cfg(feature = "redis")]
+    #[arg(long, hide = true, value_name = "NAME")]
+    pub queue: Option<String>,
+    /// The worker's: when the parent's events' clock read 0, in µs since the Unix epoch.
+    #[cfg(feature = "redis")]
+    #[arg(long, hide = true, value_name = "US")]
+    pub clock_zero: Option<u64>,
     /// Also write the figures as JSON
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
@@ -85,6 +110,25 @@ pub struct Options {
     /// `--durable` run in the middle without killing the process.
     #[arg(skip)]
     pub abandon: bool,
+    /// How a `--redis` run starts its worker process, given the worker's arguments. Not an
+    /// option: this program by default; the test runs itself instead.
+    #[cfg(feature = "redis")]
+    #[arg(skip = worker_command as WorkerCommand)]
+    pub worker_command: WorkerCommand,
+}
+
+/// Makes the command that starts a worker process with the given arguments.
+#[cfg(feature = "redis")]
+pub type WorkerCommand = fn(&[String]) -> Command;
+
+/// This program again, with the worker's arguments.
+#[cfg(feature = "redis")]
+fn worker_command(args: &[String]) -> Command {
+    // Should the path be unknown, the spawn fails and says so.
+    let exe = std::env::current_exe().unwrap_or_default();
+    let mut command = Command::new(exe);
+    command.args(args);
+    command
 }
 
 /// What `--mode` asks for.
@@ -132,6 +176,40 @@ impl Options {
     /// How long the `--down-customers` are down from the start.
     pub fn down_for(&self) -> Duration {
         self.down_for.unwrap_or(self.seconds / 2)
+    }
+
+    /// The command line of a `--redis` run's worker process: `--worker` with the queue, the
+    /// server's port and the events' clock, then the options its producers, consumers and
+    /// client follow. The server's options (`--fail-rate`, `--down-customers`) stay here:
+    /// the worker POSTs to this process's server.
+    #[cfg(feature = "redis")]
+    pub fn worker_args(&self, server_port: u16, queue: &str, clock_zero: u64) -> Vec<String> {
+        let url = self.redis.as_deref().expect("a --redis run");
+        let duration = |d: Duration| format!("{}s", d.as_secs_f64());
+        let mut args = vec![
+            "--worker".to_string(),
+            format!("--redis={url}"),
+            format!("--server-port={server_port}"),
+            format!("--queue={queue}"),
+            format!("--clock-zero={clock_zero}"),
+            format!("--seconds={}", self.seconds.as_secs_f64()),
+            format!("--rate={}", self.rate),
+            format!("--customers={}", self.customers),
+            format!("--producers={}", self.producers),
+            format!("--window={}", duration(self.window)),
+            format!("--consumers={}", self.consumers),
+            format!("--in-flight={}", self.in_flight),
+            format!("--backoff={}", duration(self.backoff)),
+            format!("--max-attempts={}", self.max_attempts),
+            format!("--seed={}", self.seed),
+        ];
+        if let Some(n) = self.max_batch {
+            args.push(format!("--max-batch={n}"));
+        }
+        if let Some(n) = self.capacity {
+            args.push(format!("--capacity={n}"));
+        }
+        args
     }
 }
 
@@ -190,6 +268,20 @@ fn durable_dir(value: &str) -> Result<PathBuf, String> {
         Err(
             "needs the durable feature: cargo run --release --features durable --example \
              webhook -- ..."
+                .into(),
+        )
+    }
+}
+
+/// `--redis`: a URL, where the example was built with the `redis` feature; the queue checks
+/// it when it opens.
+fn redis_url(value: &str) -> Result<String, String> {
+    if cfg!(feature = "redis") {
+        Ok(value.to_string())
+    } else {
+        Err(
+            "needs the redis feature: cargo run --release --features redis --example webhook \
+             -- --redis ..."
                 .into(),
         )
     }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
 
 use super::options::{Mode, Options};
@@ -56,6 +56,22 @@ pub struct Report {
     /// Requests that reached a customer while another request to it was in flight (0 when a
     /// customer has at most one at a time).
     pub overlapping_requests: u64,
+    /// In a `--redis` run, what each of its two processes did, the parent first.
+    pub processes: Option<[ProcessFigures; 2]>,
+}
+
+/// What one process of a `--redis` run did.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub struct ProcessFigures {
+    /// Events its producers made.
+    pub events_produced: u64,
+    /// POSTs of its consumers that got in (a 2xx answer).
+    pub requests_delivered: u64,
+    /// The events in those POSTs.
+    pub events_delivered: u64,
+    /// Its CPU seconds while the mode ran; `None` where `/proc` is missing.
+    pub cpu_seconds: Option<f64>,
 }
 
 // ===== measuring =====
@@ -233,15 +249,65 @@ pub fn table(options: &Options, reports: &[Report]) -> String {
             thousands(r.overlapping_requests),
         );
     }
-    out.push_str(
+    let cpu = if options.redis.is_some() {
+        "the whole process, client and server; batched through Redis, both processes, not \
+         the Redis server"
+    } else {
+        "the whole process, client and server"
+    };
+    let _ = write!(
+        out,
         "\nMB on the wire: HTTP bytes read and written on the server's sockets, headers \
          included, TCP/IP overhead not. Delay: from an event's creation to the server's \
-         first receipt of it. CPU: the whole process, client and server. Out of order: \
+         first receipt of it. CPU: {cpu}. Out of order: \
          events received after a later one from the same producer to the same customer. \
          Overlapping requests: requests that reached a customer while another to it was in \
          flight.",
     );
+    for r in reports {
+        if let Some(processes) = &r.processes {
+            processes_table(&mut out, options, r, processes);
+        }
+    }
     out
+}
+
+/// The table of a `--redis` run's two processes, and the server's tally of what it got.
+fn processes_table(out: &mut String, options: &Options, r: &Report, processes: &[ProcessFigures]) {
+    let url = options.redis.as_deref().unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "\n\n{} mode across two processes, one queue in Redis at {url}:\n",
+        r.mode
+    );
+    out.push_str(
+        "| process | producers | events produced | requests delivered | events delivered \
+         | CPU s |\n",
+    );
+    out.push_str("|---|--:|--:|--:|--:|--:|\n");
+    let names = ["parent, with the server", "worker"];
+    for (index, (name, p)) in names.iter().zip(processes).enumerate() {
+        // The producers whose index modulo 2 is the process's.
+        let producers = (options.producers + 1 - index as u32) / 2;
+        let cpu = p.cpu_seconds.map_or("n/a".into(), |s| format!("{s:.1}"));
+        let _ = writeln!(
+            out,
+            "| {name} | {producers} | {} | {} | {} | {cpu} |",
+            thousands(p.events_produced),
+            thousands(p.requests_delivered),
+            thousands(p.events_delivered),
+        );
+    }
+    let _ = write!(
+        out,
+        "\nThe customers' server received {} events once, {} twice, {} out of order, with {} \
+         overlapping requests. Requests delivered: the POSTs of the process's consumers that \
+         got in, and the events in them.",
+        thousands(r.events_received),
+        thousands(r.duplicate_events),
+        thousands(r.out_of_order_events),
+        thousands(r.overlapping_requests),
+    );
 }
 
 /// The table's note on `--down-customers`, `--max-attempts` and `--durable`, where they are
@@ -266,6 +332,9 @@ fn conditions(options: &Options) -> String {
     if let Some(dir) = &options.durable {
         let _ = write!(out, ", durable in {}", dir.display());
     }
+    if options.redis.is_some() {
+        out.push_str(", batched through Redis in two processes");
+    }
     out
 }
 
@@ -288,6 +357,7 @@ pub fn json(options: &Options, reports: &[Report]) -> serde_json::Value {
             "down_customers": options.down_customers,
             "down_for_s": options.down_for().as_secs_f64(),
             "durable": options.durable,
+            "redis": options.redis,
             "seed": options.seed,
         },
         "bytes": "bytes_in and bytes_out are read and written on the server's sockets: \

@@ -35,7 +35,8 @@ static CLOCK: OnceLock<(Instant, u64)> = OnceLock::new();
 
 /// Microseconds on the events' clock: the clock for creation and receipt times, shared by
 /// producers and server since both live in this process. It counts from the program's
-/// first reading, or, after [`clock_from_epoch`], from the Unix epoch.
+/// first reading, or, after [`clock_from_epoch`], from the Unix epoch; a `--redis` worker's
+/// counts from its parent's zero ([`clock_from`]).
 pub fn now_us() -> u64 {
     let (start, at_start) = CLOCK.get_or_init(|| (Instant::now(), 0));
     at_start + start.elapsed().as_micros() as u64
@@ -44,11 +45,28 @@ pub fn now_us() -> u64 {
 /// Makes the events' clock count from the Unix epoch, if it was not read yet: a `--durable`
 /// run delivers events that an earlier run made, and needs their times and ids on its clock.
 pub fn clock_from_epoch() {
+    clock_from(0);
+}
+
+/// Makes the events' clock count from `zero`, in µs since the Unix epoch, if it was not read
+/// yet; false if it was. A `--redis` worker takes its parent's [`clock_zero`], so that the
+/// creation times its events carry are on the clock of the server that receives them.
+pub fn clock_from(zero: u64) -> bool {
+    CLOCK
+        .set((Instant::now(), epoch_us().saturating_sub(zero)))
+        .is_ok()
+}
+
+/// When the events' clock read 0, in µs since the Unix epoch.
+#[cfg(feature = "redis")]
+pub fn clock_zero() -> u64 {
+    epoch_us().saturating_sub(now_us())
+}
+
+/// Now, in µs since the Unix epoch; 0 on a clock set before it.
+fn epoch_us() -> u64 {
     let since_epoch = SystemTime::now().duration_since(UNIX_EPOCH);
-    let _ = CLOCK.set((
-        Instant::now(),
-        since_epoch.map_or(0, |d| d.as_micros() as u64),
-    ));
+    since_epoch.map_or(0, |d| d.as_micros() as u64)
 }
 
 /// A small seeded generator (splitmix64): the same seed, the same customers.
