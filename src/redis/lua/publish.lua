@@ -20,14 +20,19 @@ for i = 3, #ARGV, 3 do
   taken = taken + 1
   local s = skey(k)
   local st = redis.call('HMGET', s, 'fl', 'hold', 'nsc')
+  -- A send without `within` after others of its run is due no earlier than they are: its
+  -- run's score stands, and it need not be worked out.
+  local later = within < 0
   if st[1] then
     -- In flight: the values sent meanwhile start the key's next run.
-    local score = score_at(due_in(wait))
-    if not st[3] or score < tonumber(st[3]) then redis.call('HSET', s, 'nsc', score) end
-    redis.call('HSETNX', s, 'nen', now_ms)
+    if not (later and st[3]) then
+      local score = score_at(due_in(wait))
+      if not st[3] or score < tonumber(st[3]) then redis.call('HSET', s, 'nsc', score) end
+      redis.call('HSETNX', s, 'nen', now_ms)
+    end
   else
     if len == 1 then redis.call('HSET', s, 'ent', now_ms) end
-    if not st[2] then
+    if not st[2] and not (later and len > 1) then
       -- LT, not NX: a send_by may have started the run with a later deadline than this.
       local score = score_at(due_in(wait))
       redis.call('ZADD', DUE, 'LT', score, k)
