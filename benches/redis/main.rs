@@ -11,13 +11,14 @@
 //! uses the server `--url` names; there it touches only keys under the hash tags it makes
 //! (`{kb-bench-PID-...}`), and removes them. Without `redis-server` and without `--url`, it
 //! says so and skips. Sizes: `--quick` runs 3 rounds, publishes for 0.4 s a run, pulls
-//! 50,000 values over 2,500 keys and sends for 2 s at the lateness figure; the full run,
-//! 5 rounds of 1 s, 200,000 values over 10,000 keys, 5 s. Both count memory with 10,000
-//! keys. Run without `--bench` or `--quick` (as `cargo test --benches` does), the binary
+//! 50,000 values over 2,500 keys (and 10,000 over as many keys) and sends for 2 s at the
+//! lateness figure; the full run, 5 rounds of 1 s, 200,000 values over 10,000 keys (and
+//! 40,000 over as many), 5 s. Both count memory with 10,000 keys. Run without `--bench` or `--quick` (as `cargo test --benches` does), the binary
 //! does a smoke check instead: every figure once, tiny.
 //!
 //! `--only publish,pull,lateness,memory` picks figures; `--rounds N`, `--secs S` (a publish
-//! run) and `--values N` (the pull fill, 20 a key) adjust the size.
+//! run), `--values N` (the pull fill, 20 a key) and `--keys N` (the pull fill's keys)
+//! adjust the size.
 //!
 //! # Figures
 //!
@@ -29,7 +30,8 @@
 //!    over rounds: the machine's noise hits both sides.
 //! 2. **Pulled and acked values/s.** A queue with window 0 filled beforehand, then 1 or 2
 //!    `redis::Receiver`s that loop on `recv` and `ack_all`; against `LPOP list 1000` from one
-//!    LIST holding the same values, on as many connections.
+//!    LIST holding the same values, on as many connections; and 1 consumer with one value
+//!    a key, where what each key costs shows.
 //! 3. **Lateness.** Values sent at 1,000 a second, each under its own key, with a 50 ms
 //!    window; how long past its due time each delivery comes, by this process's clock and
 //!    by `Delivery::entered()`. Against a plain LIST handed over with `BLPOP`, and the

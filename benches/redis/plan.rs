@@ -11,9 +11,11 @@ pub(crate) struct Plan {
     pub(crate) rounds: usize,
     /// Figure 1: how long each publish run lasts.
     pub(crate) run_for: Duration,
-    /// Figure 2: values in the queue before the consumers start, and over how many keys.
+    /// Figure 2: values in the queue before the consumers start, and over how many keys;
+    /// and the values of its last row, each under a key of its own.
     pub(crate) pull_values: u64,
     pub(crate) pull_keys: u64,
+    pub(crate) pull_single: u64,
     /// Figure 3: how long values are sent, at [`lateness::RATE`](crate::lateness::RATE).
     pub(crate) lateness_for: Duration,
     /// Figure 4: pending keys, and values per key, of each case.
@@ -29,10 +31,10 @@ impl Plan {
         let flags = Flags(args);
         let size = flags.size();
         let ms = Duration::from_millis;
-        let (rounds, run_for, pull_values, pull_keys, lateness_for) = match size {
-            Size::Quick => (3, ms(400), 50_000, 2_500, ms(2_000)),
-            Size::Full => (5, ms(1_000), 200_000, 10_000, ms(5_000)),
-            Size::Smoke => (1, ms(100), 2_000, 100, ms(300)),
+        let (rounds, run_for, pull_values, pull_keys, pull_single, lateness_for) = match size {
+            Size::Quick => (3, ms(400), 50_000, 2_500, 10_000, ms(2_000)),
+            Size::Full => (5, ms(1_000), 200_000, 10_000, 40_000, ms(5_000)),
+            Size::Smoke => (1, ms(100), 2_000, 100, 500, ms(300)),
         };
         let memory_cases = match size {
             Size::Smoke => vec![(1_000, 1), (1_000, 10)],
@@ -44,6 +46,7 @@ impl Plan {
             run_for,
             pull_values,
             pull_keys,
+            pull_single,
             lateness_for,
             memory_cases,
             only: flags.list("--only"),
@@ -59,6 +62,9 @@ impl Plan {
             plan.pull_values = n;
             // 20 values a key, as in the default sizes.
             plan.pull_keys = (n / 20).max(1);
+        }
+        if let Some(n) = flags.parsed("--keys") {
+            plan.pull_keys = n;
         }
         plan
     }

@@ -185,7 +185,8 @@ pub(crate) fn table(plan: &Plan, rows: &[Row]) -> String {
          driven by {IN_FLIGHT} tasks that loop on `RPUSH list value` with the same encoded \
          value, to one LIST; the connection pipelines what its tasks have in flight.\n\
          - ×plain: keyed-batch's values/s over plain's in a round, median over rounds, and \
-         its range. CPU µs/value: the server's (`INFO cpu`) and this process's, which are \
+         its range. keyed ceiling: 10⁶ over the server's CPU µs a value, the values/s Redis \
+         could take with a core to itself (it runs scripts one at a time). CPU µs/value: the server's (`INFO cpu`) and this process's, which are \
          all client. values/call: values per `EVALSHA` (keyed-batch: a coalesced publish \
          script) or per `RPUSH` (plain). script µs/value: the server's time in `EVALSHA` \
          (`INFO commandstats`).\n",
@@ -193,9 +194,9 @@ pub(crate) fn table(plan: &Plan, rows: &[Row]) -> String {
     );
     let _ = writeln!(
         out,
-        "| conns | keyed values/s | plain values/s | ×plain | min–max | server CPU µs/value keyed, plain | client CPU µs/value keyed, plain | values/call keyed | script µs/value |"
+        "| conns | keyed values/s | plain values/s | ×plain | min–max | server CPU µs/value keyed, plain | keyed ceiling | client CPU µs/value keyed, plain | values/call keyed | script µs/value |"
     );
-    let _ = writeln!(out, "|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+    let _ = writeln!(out, "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
     for row in rows {
         let p = &row.pair;
         let (ks, kc) = Pair::cpu(&p.keyed);
@@ -203,11 +204,12 @@ pub(crate) fn table(plan: &Plan, rows: &[Row]) -> String {
         let (lo, hi) = range(&p.ratios());
         let _ = writeln!(
             out,
-            "| {} | {:.0} | {:.0} | {:.2} | {lo:.2}–{hi:.2} | {ks:.1}, {ps:.1} | {kc:.1}, {pc:.1} | {:.1} | {:.1} |",
+            "| {} | {:.0} | {:.0} | {:.2} | {lo:.2}–{hi:.2} | {ks:.1}, {ps:.1} | {} | {kc:.1}, {pc:.1} | {:.1} | {:.1} |",
             row.conns,
             Pair::rate(&p.keyed),
             Pair::rate(&p.plain),
             p.ratio(),
+            k(1e6 / ks),
             Pair::per_call(&p.keyed, "evalsha"),
             Pair::usec_per_value(&p.keyed, "evalsha"),
         );

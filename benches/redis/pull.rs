@@ -1,6 +1,7 @@
 //! Figure 2: values pulled and acked a second by 1 and 2 consumers from a queue filled
 //! beforehand, against `LPOP list COUNT` on as many connections from one LIST holding the
-//! same values, in the same round.
+//! same values, in the same round; and by 1 consumer with one value a key, where each
+//! key's own cost shows.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,8 +17,6 @@ use crate::publish::{value, IN_FLIGHT};
 use crate::report::{k, median, range, Line, Pair, Run};
 use crate::runtime;
 
-/// Consumers: `Receiver`s on one side, connections on the other.
-pub(crate) const CONSUMERS: [usize; 2] = [1, 2];
 /// Values a batch: the `Builder`'s default `max_batch`, and the `LPOP` count.
 const BATCH: usize = 1000;
 /// Senders that fill the queue, each with [`IN_FLIGHT`] tasks.
@@ -25,9 +24,14 @@ const FILLERS: usize = 4;
 /// The target, values/s.
 const TARGET: f64 = 150_000.0;
 
-/// Every round of one number of consumers.
+/// Every round of one number of consumers, values and keys.
 pub(crate) struct Row {
+    /// `Receiver`s on one side, connections on the other.
     consumers: usize,
+    values: u64,
+    keys: u64,
+    /// Whether the target applies: the rows with many values a key, as the issue sized it.
+    targeted: bool,
     pair: Pair,
     /// Values/s of each fill of the keyed queue (window 0, no receiver): a second look at
     /// publishing, with [`FILLERS`] senders.
@@ -35,32 +39,37 @@ pub(crate) struct Row {
 }
 
 pub(crate) fn run(plan: &Plan, server: &Server) -> Vec<Row> {
-    let mut rows: Vec<Row> = CONSUMERS
-        .iter()
-        .map(|&consumers| Row {
-            consumers,
-            pair: Pair::new(),
-            fills: Vec::new(),
-        })
-        .collect();
+    let row = |consumers, values, keys, targeted| Row {
+        consumers,
+        values,
+        keys,
+        targeted,
+        pair: Pair::new(),
+        fills: Vec::new(),
+    };
+    let mut rows = vec![
+        row(1, plan.pull_values, plan.pull_keys, true),
+        row(2, plan.pull_values, plan.pull_keys, true),
+        row(1, plan.pull_single, plan.pull_single, false),
+    ];
     for round in 0..plan.rounds {
         for row in &mut rows {
             for side in 0..2 {
                 let keyed_side = (side + round) % 2 == 0;
                 let run = match keyed_side {
                     true => {
-                        let (run, fill) =
-                            keyed(server, row.consumers, plan.pull_values, plan.pull_keys);
+                        let (run, fill) = keyed(server, row.consumers, row.values, row.keys);
                         row.fills.push(fill);
                         run
                     }
-                    false => plain(server, row.consumers, plan.pull_values),
+                    false => plain(server, row.consumers, row.values),
                 };
                 eprintln!(
-                    "  pull round {}/{} consumers {} {:<5} {:>9.0} values/s",
+                    "  pull round {}/{} consumers {} values/key {} {:<5} {:>9.0} values/s",
                     round + 1,
                     plan.rounds,
                     row.consumers,
+                    row.values / row.keys,
                     if keyed_side { "keyed" } else { "plain" },
                     run.rate(),
                 );
@@ -234,8 +243,8 @@ pub(crate) fn table(plan: &Plan, rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "\n### 2. Pulled and acked values/s ({} rounds of {} values over {} keys, medians)\n",
-        plan.rounds, plan.pull_values, plan.pull_keys
+        "\n### 2. Pulled and acked values/s ({} rounds, medians)\n",
+        plan.rounds
     );
     let _ = writeln!(
         out,
@@ -247,16 +256,20 @@ pub(crate) fn table(plan: &Plan, rows: &[Row]) -> String {
          - plain: one LIST filled with the same encoded values, then each consumer, a \
          connection of the `redis` crate, loops on `LPOP list {BATCH}` and decodes the \
          values, until the LIST is empty.\n\
-         - ×plain as in figure 1. calls/1000 values: `EVALSHA` calls (a pull, or a batch's \
-         acks) per 1000 values. fill values/s: the keyed fill, a second look at publishing \
-         ({} connections, window 0).\n",
+         - The last row has one value a key: plain's cost per value is the same, while \
+         keyed-batch pays for each key (its state, its lease) on every value. It has no \
+         target: the issue's target is for many values a key.\n\
+         - ×plain as in figure 1. keyed ceiling: 10⁶ over the server's CPU µs a value, the \
+         values/s Redis could serve with a core to itself. calls/1000 values: `EVALSHA` \
+         calls (a pull, or a batch's acks) per 1000 values. fill values/s: the keyed fill, \
+         a second look at publishing ({} connections, window 0).\n",
         FILLERS
     );
     let _ = writeln!(
         out,
-        "| consumers | keyed values/s | plain values/s | ×plain | min–max | server CPU µs/value keyed, plain | client CPU µs/value keyed, plain | calls/1000 values keyed | script µs/value | fill values/s |"
+        "| consumers | values, keys | keyed values/s | plain values/s | ×plain | min–max | server CPU µs/value keyed, plain | keyed ceiling | client CPU µs/value keyed, plain | calls/1000 values keyed | script µs/value | fill values/s |"
     );
-    let _ = writeln!(out, "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+    let _ = writeln!(out, "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
     for row in rows {
         let p = &row.pair;
         let (ks, kc) = Pair::cpu(&p.keyed);
@@ -264,11 +277,14 @@ pub(crate) fn table(plan: &Plan, rows: &[Row]) -> String {
         let (lo, hi) = range(&p.ratios());
         let _ = writeln!(
             out,
-            "| {} | {:.0} | {:.0} | {:.2} | {lo:.2}–{hi:.2} | {ks:.1}, {ps:.1} | {kc:.1}, {pc:.1} | {:.1} | {:.1} | {:.0} |",
+            "| {} | {}, {} | {:.0} | {:.0} | {:.2} | {lo:.2}–{hi:.2} | {ks:.1}, {ps:.1} | {} | {kc:.1}, {pc:.1} | {:.1} | {:.1} | {:.0} |",
             row.consumers,
+            row.values,
+            row.keys,
             Pair::rate(&p.keyed),
             Pair::rate(&p.plain),
             p.ratio(),
+            k(1e6 / ks),
             1000.0 / Pair::per_call(&p.keyed, "evalsha"),
             Pair::usec_per_value(&p.keyed, "evalsha"),
             median(&row.fills),
@@ -283,15 +299,20 @@ pub(crate) fn lines(rows: &[Row]) -> Vec<Line> {
             let rate = Pair::rate(&row.pair.keyed);
             Line {
                 what: format!(
-                    "pulled + acked values/s, {} consumer{}",
+                    "pulled + acked values/s, {} consumer{}, {} value{} a key",
                     row.consumers,
-                    if row.consumers == 1 { "" } else { "s" }
+                    if row.consumers == 1 { "" } else { "s" },
+                    row.values / row.keys,
+                    if row.values / row.keys == 1 { "" } else { "s" }
                 ),
                 keyed: k(rate),
                 plain: k(Pair::rate(&row.pair.plain)),
                 ratio: format!("{:.2}", row.pair.ratio()),
-                target: format!("≥ {}", k(TARGET)),
-                met: Some(rate >= TARGET),
+                target: match row.targeted {
+                    true => format!("≥ {}", k(TARGET)),
+                    false => "report it".into(),
+                },
+                met: row.targeted.then_some(rate >= TARGET),
             }
         })
         .collect()
@@ -303,6 +324,8 @@ pub(crate) fn json(rows: &[Row]) -> serde_json::Value {
             .map(|row| {
                 let mut v = row.pair.json();
                 v["consumers"] = row.consumers.into();
+                v["values"] = row.values.into();
+                v["keys"] = row.keys.into();
                 v["fill_values_per_s"] = row.fills.clone().into();
                 v
             })
