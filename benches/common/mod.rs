@@ -1,4 +1,5 @@
-//! Code every benchmark shares: the hash that spreads keys, the flags, and medians.
+//! Code every benchmark shares: the hash that spreads keys, the flags, medians, and what the
+//! figures ran on.
 
 // Each benchmark includes this file as its own module, and not every one uses every helper.
 #![allow(dead_code)]
@@ -78,4 +79,40 @@ impl Flags<'_> {
     pub(crate) fn list(&self, flag: &str) -> Option<Vec<String>> {
         Some(self.value(flag)?.split(',').map(str::to_string).collect())
     }
+}
+
+/// How many cores this process may use.
+pub(crate) fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// CPU time of every thread of this process so far, in seconds
+/// (`/proc/self/task/*/schedstat`).
+pub(crate) fn cpu_secs() -> f64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0.0;
+    };
+    let ns: u64 = tasks
+        .filter_map(|task| {
+            let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+            stat.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .sum();
+    ns as f64 / 1e9
+}
+
+/// A line for a report's header: the cores, the CPU's model, and the load average.
+pub(crate) fn machine_line() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
+        .map_or("unknown", |(_, name)| name.trim());
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load = load
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ");
+    format!("- cores: {} ({cpu}); load average: {load}", cores())
 }

@@ -109,19 +109,10 @@ pub(crate) fn field<T: std::str::FromStr>(info: &HashMap<String, String>, name: 
         .unwrap_or_else(|| panic!("INFO has no {name}"))
 }
 
-/// CPU time of every thread of this process so far (`/proc/self/task/*/schedstat`): the
-/// client's side, since the server is another process.
-pub(crate) fn client_cpu() -> f64 {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return 0.0;
-    };
-    let ns: u64 = tasks
-        .filter_map(|task| {
-            let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
-            stat.split_whitespace().next()?.parse::<u64>().ok()
-        })
-        .sum();
-    ns as f64 / 1e9
+/// CPU time of every thread of this process so far: the client's side, since the server is
+/// another process.
+fn client_cpu() -> f64 {
+    crate::common::cpu_secs()
 }
 
 /// CPU time on both sides, and the server's command counts, at one moment.

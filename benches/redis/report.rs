@@ -178,26 +178,13 @@ pub(crate) fn summary(lines: &[Line]) -> String {
     out
 }
 
-pub(crate) fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
+pub(crate) use crate::common::cores;
 
 /// What a reader needs to judge the figures: cores, CPU, load, and the server.
 pub(crate) fn header(label: &str, server: &str, version: &str) -> String {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let cpu = cpuinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
-        .map_or("unknown", |(_, name)| name.trim());
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let load = load
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ");
     let mut out = String::new();
     let _ = writeln!(out, "## keyed-batch on Redis ({label})\n");
-    let _ = writeln!(out, "- cores: {} ({cpu}); load average: {load}", cores());
+    let _ = writeln!(out, "{}", crate::common::machine_line());
     let _ = writeln!(out, "- server: {server}, redis {version}");
     out
 }
