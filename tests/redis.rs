@@ -729,25 +729,8 @@ async fn a_stream_from_many_tasks(mode: Mode) {
     let Some(q) = setup("stream", ms(50)).open(mode).await else {
         return;
     };
-    let mut rx = q.rx.clone();
-    let consumer = tokio::spawn(async move {
-        let mut got: BTreeMap<Key, Vec<Value>> = BTreeMap::new();
-        loop {
-            tokio::select! {
-                batch = rx.next() => {
-                    let Some(batch) = batch else { return got };
-                    for delivery in &batch {
-                        assert_eq!(delivery.attempt(), 1, "key {}", delivery.key());
-                        got.entry(*delivery.key())
-                            .or_default()
-                            .extend_from_slice(delivery.values());
-                    }
-                    ack::ack_all(batch).await.unwrap();
-                }
-                () = sleep(PATIENCE) => panic!("no batch within {PATIENCE:?}; got {got:?}"),
-            }
-        }
-    });
+    let rx = q.rx.clone();
+    let consumer = collect(rx);
     // Each key has one producer, so its order is the order that producer sent in.
     let producers: Vec<_> = (0..PRODUCERS)
         .map(|p| {
@@ -958,7 +941,7 @@ mod redis_only {
         };
         let queue = redis::Builder::new(server.url(), "sharded", ms(50)).shards(4);
         let tx = queue.sender::<Key, Value>().await.unwrap();
-        let mut rx = queue.receiver::<Key, Value>().await.unwrap();
+        let rx = queue.receiver::<Key, Value>().await.unwrap();
         for value in 0..VALUES {
             for key in 0..KEYS {
                 tx.send(key, value).await.unwrap();
@@ -970,24 +953,7 @@ mod redis_only {
             let n: u32 = reply.trim().trim_start_matches(':').parse().unwrap();
             assert!(n > 0, "shard {shard} holds no key");
         }
-        let consumer = tokio::spawn(async move {
-            let mut got: BTreeMap<Key, Vec<Value>> = BTreeMap::new();
-            loop {
-                tokio::select! {
-                    batch = rx.next() => {
-                        let Some(batch) = batch else { return got };
-                        for delivery in &batch {
-                            assert_eq!(delivery.attempt(), 1, "key {}", delivery.key());
-                            got.entry(*delivery.key())
-                                .or_default()
-                                .extend_from_slice(delivery.values());
-                        }
-                        ack::ack_all(batch).await.unwrap();
-                    }
-                    () = sleep(PATIENCE) => panic!("no batch within {PATIENCE:?}; got {got:?}"),
-                }
-            }
-        });
+        let consumer = collect(rx);
         // Some keys go out before the close, the rest at it.
         sleep(ms(100)).await;
         for key in 0..KEYS {
@@ -1002,4 +968,31 @@ mod redis_only {
             (0..KEYS).map(|k| (k, (0..=VALUES).collect())).collect();
         assert_eq!(got, want);
     }
+}
+
+/// Spawns a consumer that drives `rx` as a stream, acks every batch, and returns each key's
+/// values in the order they came; every delivery must be a first attempt, and a batch must
+/// come within [`PATIENCE`] of the last.
+fn collect<S>(mut rx: S) -> tokio::task::JoinHandle<BTreeMap<Key, Vec<Value>>>
+where
+    S: futures::Stream<Item = Vec<ack::Delivery<Key, Value>>> + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut got: BTreeMap<Key, Vec<Value>> = BTreeMap::new();
+        loop {
+            tokio::select! {
+                batch = rx.next() => {
+                    let Some(batch) = batch else { return got };
+                    for delivery in &batch {
+                        assert_eq!(delivery.attempt(), 1, "key {}", delivery.key());
+                        got.entry(*delivery.key())
+                            .or_default()
+                            .extend_from_slice(delivery.values());
+                    }
+                    ack::ack_all(batch).await.unwrap();
+                }
+                () = sleep(PATIENCE) => panic!("no batch within {PATIENCE:?}; got {got:?}"),
+            }
+        }
+    })
 }
