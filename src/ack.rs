@@ -557,12 +557,17 @@ pub struct DeadLetter<K, V> {
 /// The stream of [`DeadLetter`]s: values retried more than `max_attempts` allows, taken
 /// from an acknowledging receiver with `dead_letters()`.
 ///
-/// Dead letters waiting to be taken count toward the channel's `capacity` and
+/// In memory, dead letters waiting to be taken count toward the channel's `capacity` and
 /// `max_weight`: with either set, a dead-letter stream nobody reads shows up as
 /// backpressure on the senders, not as memory that grows. Without them, dead letters not
-/// taken stay in memory until the channel is dropped. Clones share the dead letters: each goes to one of
-/// them. The stream ends once the channel is closed, nothing is pending or in flight, and
-/// every dead letter was taken, or once every receiver is gone.
+/// taken stay in memory until the channel is dropped. Clones share the dead letters: each
+/// goes to one of them. The stream ends once the channel is closed, nothing is pending or
+/// in flight, and every dead letter was taken, or once every receiver is gone.
+///
+/// A Redis queue's dead letters stay in Redis, outside its `capacity`, until a stream
+/// takes them; the stream ends once the queue is closed and empty and no dead letter is
+/// left, whether receivers remain or not (the `redis` module's `Receiver::dead_letters`,
+/// with the `redis` feature).
 ///
 /// # Examples
 ///
