@@ -693,3 +693,82 @@ async fn idle_receiver_gets_keys_the_busy_one_leaves() {
     };
     assert_eq!((other, key.as_str()), (1 - first, "y"));
 }
+
+// ===== dead letters =====
+
+/// Makes a dead letter of each of `keys`: a queue with `max_attempts(1)`, each key's first
+/// delivery retried.
+async fn make_dead_letters(tx: &Sender<u32, u32>, rx: &mut Receiver<u32, u32>, keys: &[u32]) {
+    for &key in keys {
+        tx.send(key, key * 10).await.unwrap();
+    }
+    let mut retried = 0;
+    while retried < keys.len() {
+        let batch = step("a batch to retry", rx.recv()).await.unwrap().unwrap();
+        for delivery in batch {
+            delivery.retry().await.unwrap();
+            retried += 1;
+        }
+    }
+}
+
+/// Dead letters a process fetched and did not hand out go back to Redis when it lets go
+/// of the receiver: none is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetched_dead_letters_not_taken_go_back() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let queue = builder(&server, "dead-back", ms(10)).max_attempts(1);
+    let tx: Sender<u32, u32> = queue.sender().await.unwrap();
+    let first = {
+        let mut rx: Receiver<u32, u32> = queue.receiver().await.unwrap();
+        make_dead_letters(&tx, &mut rx, &[1, 2, 3]).await;
+        let mut dead = rx.dead_letters();
+        let letter = step("the first dead letter", dead.recv()).await.unwrap();
+        // Let the fetcher take more than was handed out, if it would.
+        tokio::time::sleep(ms(300)).await;
+        letter.key
+    };
+    tokio::time::sleep(ms(300)).await;
+    let rx: Receiver<u32, u32> = queue.receiver().await.unwrap();
+    let mut dead = rx.dead_letters();
+    let mut rest = Vec::new();
+    while rest.len() < 2 {
+        let letter = step("the other dead letters", dead.recv()).await.unwrap();
+        assert_eq!(letter.values, [letter.key * 10]);
+        assert_eq!(letter.attempts, 1);
+        rest.push(letter.key);
+    }
+    let mut all: Vec<u32> = rest.iter().copied().chain([first]).collect();
+    all.sort_unstable();
+    assert_eq!(all, [1, 2, 3], "a dead letter was lost or came twice");
+    tx.close().await.unwrap();
+    assert_eq!(step("the end of the dead letters", dead.recv()).await, None);
+}
+
+/// `try_recv` on the dead letters finds one made on the server without any task awaiting
+/// the stream: a call that finds none starts a fetch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_try_recv_without_a_waiter() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let queue = builder(&server, "dead-try", ms(10)).max_attempts(1);
+    let tx: Sender<u32, u32> = queue.sender().await.unwrap();
+    let mut rx: Receiver<u32, u32> = queue.receiver().await.unwrap();
+    let mut dead = rx.dead_letters();
+    make_dead_letters(&tx, &mut rx, &[7]).await;
+    let started = Instant::now();
+    let letter = loop {
+        match dead.try_recv() {
+            Ok(letter) => break letter,
+            Err(err) => {
+                assert_eq!(err, keyed_batch::error::TryRecvError::Empty);
+                assert!(started.elapsed() < STEP, "try_recv never found the letter");
+                tokio::time::sleep(ms(20)).await;
+            }
+        }
+    };
+    assert_eq!((letter.key, letter.values, letter.attempts), (7, vec![70], 1));
+}

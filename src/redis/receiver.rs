@@ -21,8 +21,9 @@ use super::{window_us, Error, Queue};
 use crate::ack::{DeadLetter, DeadLetters, Decided, Decision, Delivery, Link};
 use crate::error::{DeliveryError, TryRecvError};
 
-/// The most dead letters one fetch takes from a shard.
-const DEAD_PER_FETCH: usize = 64;
+/// The most dead letters one fetch takes from a shard: one, since a letter fetched into a
+/// process that dies before handing it out is lost.
+const DEAD_PER_FETCH: usize = 1;
 /// How often dead letters made by other processes are looked for.
 const DEAD_POLL: Duration = Duration::from_secs(1);
 /// The longest a waiting receiver sleeps without looking: a wake marker can be lost with a
@@ -505,12 +506,52 @@ struct RedisLink<K, V> {
 }
 
 struct DeadState<K, V> {
-    letters: VecDeque<DeadLetter<K, V>>,
+    /// Letters fetched and not yet taken, each with its record as Redis held it, to put
+    /// back should this process let go of them.
+    letters: VecDeque<(DeadLetter<K, V>, Record)>,
     waiters: HashMap<u64, Waker>,
     next_waiter: u64,
     /// The queue is closed and empty, and no dead letter is left.
     ended: bool,
     fetching: bool,
+}
+
+/// A dead letter as Redis holds it: its shard, key, "attempts|count|reason" and values.
+struct Record {
+    shard: usize,
+    key: Vec<u8>,
+    header: String,
+    values: Vec<Vec<u8>>,
+}
+
+impl Queue {
+    /// Puts dead letters back in front of their shards' lists, in their order.
+    async fn put_back(&self, records: Vec<Record>) {
+        let mut conn = self.conn.clone();
+        for record in records.into_iter().rev() {
+            let mut cmd = ::redis::cmd("LPUSH");
+            cmd.arg(format!("{}:dead", self.shards[record.shard]));
+            for value in record.values.iter().rev() {
+                cmd.arg(value);
+            }
+            cmd.arg(record.header).arg(record.key);
+            // Should this fail, the letter is lost: the server is gone, and so is the
+            // process that holds it, soon.
+            let _: Result<i64, _> = cmd.query_async(&mut conn).await;
+        }
+    }
+}
+
+impl<K, V> Drop for RedisLink<K, V> {
+    fn drop(&mut self) {
+        let dead = self.dead.get_mut().unwrap_or_else(|e| e.into_inner());
+        let records: Vec<Record> = dead.letters.drain(..).map(|(_, raw)| raw).collect();
+        if !records.is_empty() {
+            let queue = Arc::clone(&self.queue);
+            self.handle
+                .spawn(async move { queue.put_back(records).await });
+        }
+    }
 }
 
 impl<K, V> Default for DeadState<K, V> {
@@ -545,6 +586,23 @@ impl<K, V> RedisLink<K, V> {
 
     fn dead(&self) -> std::sync::MutexGuard<'_, DeadState<K, V>> {
         self.dead.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts the dead-letter fetcher if it is not running: it fetches once, and goes on
+    /// while someone waits.
+    fn start_fetch(&self, dead: &mut DeadState<K, V>)
+    where
+        K: DeserializeOwned + Send + 'static,
+        V: DeserializeOwned + Send + 'static,
+    {
+        if !dead.fetching {
+            dead.fetching = true;
+            self.handle.spawn(fetch_dead(
+                self.me.clone(),
+                Arc::clone(&self.queue),
+                Arc::clone(&self.dead_kick),
+            ));
+        }
     }
 
     /// Runs decisions of one shard on the runtime, so that they take effect even if
@@ -630,7 +688,7 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<DeadLetter<K, V>>> {
         let mut dead = self.dead();
-        if let Some(letter) = dead.letters.pop_front() {
+        if let Some((letter, _)) = dead.letters.pop_front() {
             if let Some(id) = waiting.take() {
                 dead.waiters.remove(&id);
             }
@@ -644,23 +702,20 @@ where
             dead.next_waiter
         });
         dead.waiters.insert(id, cx.waker().clone());
-        if !dead.fetching {
-            dead.fetching = true;
-            self.handle.spawn(fetch_dead(
-                self.me.clone(),
-                Arc::clone(&self.queue),
-                Arc::clone(&self.dead_kick),
-            ));
-        }
+        self.start_fetch(&mut dead);
         Poll::Pending
     }
 
     fn try_dead(&self) -> Result<DeadLetter<K, V>, TryRecvError> {
         let mut dead = self.dead();
         match dead.letters.pop_front() {
-            Some(letter) => Ok(letter),
+            Some((letter, _)) => Ok(letter),
             None if dead.ended => Err(TryRecvError::Disconnected),
-            None => Err(TryRecvError::Empty),
+            None => {
+                // One fetch, so that a later call may find what Redis holds.
+                self.start_fetch(&mut dead);
+                Err(TryRecvError::Empty)
+            }
         }
     }
 
@@ -688,11 +743,20 @@ where
                     for (key, header, values) in records {
                         let (attempts, _) = parse_header(&header);
                         match decode::<K, V>(&key, &values) {
-                            Ok((key, values)) => letters.push(DeadLetter {
-                                key,
-                                values,
-                                attempts,
-                            }),
+                            Ok((typed_key, typed_values)) => {
+                                let letter = DeadLetter {
+                                    key: typed_key,
+                                    values: typed_values,
+                                    attempts,
+                                };
+                                let record = Record {
+                                    shard,
+                                    key,
+                                    header,
+                                    values,
+                                };
+                                letters.push((letter, record));
+                            }
                             Err(reason) => {
                                 queue.push_bad(shard, key, attempts, &reason, values).await;
                             }
@@ -704,7 +768,12 @@ where
         }
         let got = !letters.is_empty();
         {
-            let Some(link) = link.upgrade() else { return };
+            let Some(link) = link.upgrade() else {
+                queue
+                    .put_back(letters.into_iter().map(|(_, raw)| raw).collect())
+                    .await;
+                return;
+            };
             let mut dead = link.dead();
             dead.letters.extend(letters);
             dead.ended = ended && dead.letters.is_empty();
