@@ -45,7 +45,7 @@ use crate::error::{DeliveryError, TryRecvError};
 /// order they were sent, and a decision to make about them.
 ///
 /// While a key has a delivery that is not decided, its newer values wait: no receiver gets
-/// them. Decide each delivery with exactly one of [`ack`](Self::ack) (done),
+/// them (in Redis, while the delivery's lease holds). Decide each delivery with exactly one of [`ack`](Self::ack) (done),
 /// [`retry`](Self::retry) or [`retry_after`](Self::retry_after) (the values go back in front
 /// of the key's newer values), or [`give_up`](Self::give_up) (the values leave the channel
 /// and come back to you). Each takes the delivery, so the types allow only one.
@@ -228,8 +228,8 @@ impl<K, V> Delivery<K, V> {
     ///
     /// # Errors
     ///
-    /// A [`DeliveryError`] if the decision did not take effect. An in-memory channel never
-    /// returns one.
+    /// A [`DeliveryError`] if the decision did not take effect, or (an I/O error) may not
+    /// have. An in-memory channel never returns one.
     ///
     /// # Examples
     ///
@@ -524,8 +524,9 @@ impl<T> fmt::Debug for Decided<T> {
     }
 }
 
-/// Values that were retried more than the builder's `max_attempts` allows: they left the
-/// queue and wait in the [`DeadLetters`] stream.
+/// Values that were retried more than the builder's `max_attempts` allows (in Redis, also
+/// values whose lease ran out on their last attempt): they left the queue and wait in the
+/// [`DeadLetters`] stream.
 ///
 /// # Examples
 ///
@@ -566,8 +567,9 @@ pub struct DeadLetter<K, V> {
 ///
 /// A Redis queue's dead letters stay in Redis, outside its `capacity`, until a stream
 /// takes them; the stream ends once the queue is closed and empty and no dead letter is
-/// left, whether receivers remain or not (the `redis` module's `Receiver::dead_letters`,
-/// with the `redis` feature).
+/// left, whether receivers remain or not; `try_recv` sees only letters already fetched
+/// into this process (a call that finds none starts a fetch). See the `redis` module's
+/// `Receiver::dead_letters`, with the `redis` feature.
 ///
 /// # Examples
 ///

@@ -222,11 +222,13 @@ impl Error for TryRecvError {}
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub enum DeliveryError {
-    /// The delivery's lease ran out before the decision arrived, and its values went to
-    /// another receiver. Only a channel whose deliveries are leased returns it.
+    /// The delivery's lease ran out before the decision arrived: its values went back into
+    /// the queue, for any receiver, or on their last attempt to the dead letters. Only a
+    /// channel whose deliveries are leased (Redis) returns it.
     LeaseLost,
-    /// The decision could not be recorded: written to a durable channel's log, or sent to
-    /// the Redis server. Only those modes return it.
+    /// The decision may not have been recorded: written to a durable channel's log, or sent
+    /// to the Redis server (where a reply lost on the way back leaves it unknown). Only
+    /// those modes return it.
     Io(std::sync::Arc<std::io::Error>),
 }
 

@@ -770,5 +770,8 @@ async fn dead_letters_try_recv_without_a_waiter() {
             }
         }
     };
-    assert_eq!((letter.key, letter.values, letter.attempts), (7, vec![70], 1));
+    assert_eq!(
+        (letter.key, letter.values, letter.attempts),
+        (7, vec![70], 1)
+    );
 }

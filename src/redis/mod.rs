@@ -28,22 +28,24 @@
 //!
 //! | | in memory (`timed::Builder::acked`) | Redis |
 //! |---|---|---|
-//! | time | tokio's clock, to the tick | the Redis server's clock, to the millisecond: deadlines are rounded up, so nothing is early; the machines' clocks do not matter, and [`entered`](crate::ack::Delivery::entered) is the server's time turned into a local `Instant` |
-//! | close | when every sender is gone, or `close()` | only an explicit [`Sender::close`] or [`Receiver::close`], and for good: the queue's name stays closed |
+//! | time | tokio's clock, to the tick | the Redis server's clock, to the millisecond: deadlines are rounded up, so nothing is early; the machines' clocks do not matter, and [`entered`](crate::ack::Delivery::entered) is the server's time turned into a local `Instant`, off by up to the pull's round trip |
+//! | close | when every sender is gone, or `close()` | only an explicit [`Sender::close`] or [`Receiver::close`], and for good: the queue's name stays closed (unless its data is deleted or lost, when the next handle creates it afresh, open) |
 //! | no receiver | sends fail once every receiver is gone | sends succeed: values wait in Redis for a receiver to come |
-//! | delivery | exactly once | at least once: a delivery whose lease runs out (its holder died or stalled) goes out again with `attempt + 1`, and a decision made after that fails with [`LeaseLost`] |
-//! | order | per key, and by deadline across keys | per key; by deadline within a shard, best effort across [`shards`](Builder::shards) |
-//! | a full queue | a waiting `send` has its place in line | a waiting `send` retries with a backoff of up to 50 ms, in no fixed order |
-//! | dead letters | count toward `capacity` | kept in Redis, outside `capacity`; [`DeadLetters::try_recv`](crate::ack::DeadLetters::try_recv) sees only those already fetched |
+//! | delivery | exactly once | at least once: a delivery whose lease runs out (its holder died or stalled) goes out again with `attempt + 1` once a receiver's pull reclaims the lease (on its last attempt, to the dead letters instead), and a decision made after that fails with [`LeaseLost`]; a `recv` dropped before it returns also costs its batch an attempt |
+//! | order | per key, and by deadline across keys | per key; by deadline within a shard, then by arrival among up to 4,096 runs due in the same millisecond; best effort across [`shards`](Builder::shards) |
+//! | a full queue | a waiting `send` has its place in line | a waiting `send` retries with a backoff of up to 50 ms, in no fixed order; `capacity` counts per shard |
+//! | dead letters | count toward `capacity` | kept in Redis, outside `capacity`, until a stream takes them; fetched one a shard at a time while a task awaits the stream, and [`DeadLetters::try_recv`](crate::ack::DeadLetters::try_recv) sees only those fetched (a call that finds none starts a fetch); a letter fetched into a process that dies before handing it out is lost |
 //! | undecodable values | cannot happen | the delivery goes to [`Receiver::take_undecodable`] with its reason |
-//! | a server error | cannot happen | [`Sender::send`] and [`Receiver::recv`] return [`Error`]; the stream retries until the server is back |
+//! | a server error | cannot happen | [`Sender::send`] fails with [`SendError::Failed`]; [`Receiver::recv`], `len`, `is_empty` and `take_undecodable` return [`Error`]; decisions fail with [`Io`]; the batch and dead-letter streams retry until the server is back |
 //!
 //! # In Redis
 //!
-//! A queue named `q` lives under the hash tag `{q}`, so all of its keys share one cluster
-//! slot (`{q:0}`, `{q:1}`, … for its shards): a LIST of values per key, a sorted set of
-//! the keys that wait, ordered by deadline and then by arrival, and the leases of the
-//! deliveries in flight. Every change is one Lua script, which reads the server's `TIME`. A
+//! A queue named `q` lives under the hash tag `{q}` (`{q:0}`, `{q:1}`, … for its shards): a
+//! LIST of values per key, a sorted set of the keys that wait, ordered by deadline and then
+//! by arrival, a sorted set of the keys a `retry_after` holds, and the leases of the
+//! deliveries in flight. The client is a single-node client: Redis Cluster is not
+//! supported, though the hash tags keep each shard in one slot. Every change to a key's
+//! values or state is one Lua script, which reads the server's `TIME`. A
 //! waiting receiver sleeps on a tokio timer set to the next deadline or lease expiry the
 //! server reported, and is woken early by a marker it pops with `BZPOPMIN` on a connection
 //! of its own. A send sets the marker when it moves the first deadline earlier, and a
@@ -56,11 +58,13 @@
 //! as a `u64`) decodes without error.
 //!
 //! What survives a Redis restart is what Redis persists: with `appendonly yes` and
-//! `appendfsync always`, no value whose `send` returned is lost.
+//! `appendfsync always`, no value whose `send` returned is lost (dead letters fetched into
+//! a process aside, as the table says).
 //!
 //! [`Stream`]: futures_core::Stream
 //! [`Delivery`]: crate::ack::Delivery
 //! [`LeaseLost`]: crate::error::DeliveryError::LeaseLost
+//! [`Io`]: crate::error::DeliveryError::Io
 
 mod receiver;
 mod sender;
@@ -120,8 +124,8 @@ impl Builder {
     /// A queue named `name` on the server at `url` (such as `redis://127.0.0.1:6379/`), whose
     /// keys are due `window` after their first waiting value arrived.
     ///
-    /// By default a batch holds at most 1,000 values, the queue has no capacity, a lease
-    /// lasts 30 seconds, retries are unlimited, and there is one shard.
+    /// By default a batch holds at most 1,000 values, the queue has no capacity limit, a
+    /// lease lasts 30 seconds, retries are unlimited, and there is one shard.
     pub fn new(url: impl Into<String>, name: impl Into<String>, window: Duration) -> Self {
         Builder {
             url: url.into(),
@@ -147,8 +151,9 @@ impl Builder {
         self
     }
 
-    /// The most values the queue holds, those in flight included: a sender's `send` waits
-    /// while it is full. Each sender enforces its own setting.
+    /// The most values each shard of the queue holds, those in flight included (dead
+    /// letters not): a sender's `send` waits while its value's shard is full. Each sender
+    /// enforces its own setting.
     ///
     /// # Panics
     ///
@@ -160,8 +165,10 @@ impl Builder {
     }
 
     /// How long a delivery is leased to its receiver. A receiver renews the leases of the
-    /// deliveries it holds every third of this; a lease that runs out (its holder died)
-    /// sends the values out again, with `attempt + 1`.
+    /// deliveries it holds every third of this. A lease that runs out (its holder died or
+    /// stalled) is reclaimed by the next pull of its shard, by any receiver: the values go
+    /// out again with `attempt + 1`, or, on the last attempt by that receiver's
+    /// `max_attempts`, to the dead letters.
     ///
     /// # Panics
     ///
@@ -175,8 +182,10 @@ impl Builder {
         self
     }
 
-    /// The most attempts a key's values get: a retry of attempt `n`, or a lease that runs
-    /// out on it, sends them to the [dead letters](Receiver::dead_letters) instead.
+    /// The most attempts a key's values get: a retry of attempt `n` (a delivery dropped
+    /// undecided included), or a lease that runs out on it, sends them to the
+    /// [dead letters](Receiver::dead_letters) instead. Each receiver applies its own setting
+    /// to the decisions on its deliveries and to the leases its pulls reclaim.
     ///
     /// # Panics
     ///
@@ -187,7 +196,7 @@ impl Builder {
         self
     }
 
-    /// Splits the queue into `n` sub-queues, each in its own cluster slot. A key always lives
+    /// Splits the queue into `n` sub-queues, each under its own hash tag. A key always lives
     /// in the same shard (by a hash of its encoding); receivers take from the shards in
     /// turn, so order across shards is best effort.
     ///
@@ -250,8 +259,8 @@ pub enum Error {
         detail: String,
     },
     /// The queue's data is no longer in Redis (it was deleted, or the server restarted
-    /// without persistence), and creating it afresh failed too. Handles create it afresh
-    /// by themselves, and go on, when they find it gone.
+    /// without persistence), and it was gone again right after this handle created it
+    /// afresh. Handles create a queue that is gone afresh by themselves, and go on.
     Gone {
         /// The queue's name.
         queue: String,

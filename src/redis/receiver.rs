@@ -79,8 +79,8 @@ struct Wake {
     woken: Notify,
 }
 
-/// A value that did not decode, with its key: it left the queue, and waits in Redis to be
-/// taken with [`Receiver::take_undecodable`].
+/// A delivery, or a dead letter, whose key or values did not decode: it left the queue, and
+/// waits in Redis to be taken with [`Receiver::take_undecodable`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Undecodable {
@@ -142,23 +142,31 @@ where
     ///
     /// # Cancel safety
     ///
-    /// If the future is dropped while a pull is on its way, the keys it took stay leased to
-    /// no one until the lease runs out, and then go out again with `attempt + 1`.
+    /// Not cancel safe. If the future is dropped while a pull is on its way, the keys it
+    /// took stay leased to no one until the lease runs out; if it is dropped after, its
+    /// deliveries are dropped, and so retried at once. Either way the batch goes out again
+    /// with `attempt + 1`, and on its last attempt to the dead letters, unseen. The
+    /// [`Stream`](futures_core::Stream) keeps a pull in progress across dropped `next()`
+    /// futures, so `select!` on `next()` loses nothing.
     pub async fn recv(&mut self) -> Result<Option<Vec<Delivery<K, V>>>, Error> {
         Arc::clone(&self.shared).next_batch().await
     }
 
     /// The dead letters: values retried on their last attempt, or whose lease ran out on
-    /// it. They are fetched from Redis when this process makes one, and once a second
-    /// otherwise; the stream ends once the queue is closed and empty and no dead letter is
-    /// left.
+    /// it. While a task awaits the stream they are fetched from Redis, one a shard at a
+    /// time: at once when a decision of this receiver makes one, and once a second
+    /// otherwise. A letter fetched and not handed out goes back to Redis when the last
+    /// handle of this receiver (clones, streams and deliveries) is dropped; one fetched into
+    /// a process that dies first is lost. The stream ends once the queue is closed and
+    /// empty and no dead letter is left.
     pub fn dead_letters(&self) -> DeadLetters<K, V> {
         DeadLetters::new(Arc::clone(&self.shared.link) as Arc<dyn Link<K, V>>)
     }
 
     /// Takes up to `max` of the deliveries whose key or values did not decode as `K` and
-    /// `V`, with the reason. Such a delivery leaves the queue when it is pulled; the other
-    /// keys go on.
+    /// `V`, with the reason. Such a delivery (all of its values) leaves the queue when it
+    /// is pulled, and the other keys go on; a dead letter that does not decode goes there
+    /// too.
     ///
     /// # Errors
     ///
@@ -188,7 +196,7 @@ where
     ///
     /// # Errors
     ///
-    /// If the server could not be reached.
+    /// If the server could not be reached, or answered with an error.
     pub async fn close(&self) -> Result<(), Error> {
         self.shared.queue.close().await
     }

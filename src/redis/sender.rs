@@ -55,7 +55,9 @@ enum Outcome {
 pub enum SendError<T> {
     /// The queue is closed.
     Closed(T),
-    /// The send did not reach Redis, or Redis refused it; the value may be tried again.
+    /// The send may not have reached Redis, or Redis refused it. After an error of the
+    /// connection (a reply lost, say) the value may be in the queue already: sending it
+    /// again may send it twice.
     Failed {
         /// What was sent.
         value: T,
@@ -188,7 +190,7 @@ impl<K: Serialize, V: Serialize> Sender<K, V> {
     ///
     /// # Errors
     ///
-    /// If the server could not be reached.
+    /// If the server could not be reached, or answered with an error.
     pub async fn close(&self) -> Result<(), Error> {
         self.shared.queue.close().await
     }
