@@ -775,3 +775,67 @@ async fn dead_letters_try_recv_without_a_waiter() {
         (7, vec![70], 1)
     );
 }
+
+// ===== capacity =====
+
+/// A full queue makes `send` wait, values in flight included, until a decision makes room;
+/// with shards, each shard counts on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_makes_send_wait_until_an_ack() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let queue = builder(&server, "full", ms(10)).capacity(2);
+    let tx: Sender<u32, u32> = queue.sender().await.unwrap();
+    let mut rx: Receiver<u32, u32> = queue.receiver().await.unwrap();
+    tx.send(1, 1).await.unwrap();
+    tx.send(2, 2).await.unwrap();
+    let third = tokio::spawn({
+        let tx = tx.clone();
+        async move { tx.send(3, 3).await }
+    });
+    let batch = step("the first batch", rx.recv()).await.unwrap().unwrap();
+    assert_eq!(batch.len(), 2);
+    tokio::time::sleep(ms(300)).await;
+    assert!(
+        !third.is_finished(),
+        "a send went in while two values were in flight"
+    );
+    assert_eq!(rx.len().await.unwrap(), 2);
+    ack::ack_all(batch).await.unwrap();
+    step("the waiting send", third).await.unwrap().unwrap();
+    let batch = step("the third value", rx.recv()).await.unwrap().unwrap();
+    assert_eq!((*batch[0].key(), batch[0].values()), (3, &[3][..]));
+    ack::ack_all(batch).await.unwrap();
+
+    // Four shards of capacity 1: keys in different shards go in side by side, while a
+    // second value for a key waits for its shard.
+    let queue = builder(&server, "full-shards", ms(10))
+        .capacity(1)
+        .shards(4);
+    let tx: Sender<u32, u32> = queue.sender().await.unwrap();
+    let rx: Receiver<u32, u32> = queue.receiver().await.unwrap();
+    let mut accepted = HashSet::new();
+    for key in 0..64u32 {
+        if accepted.len() == 4 {
+            break;
+        }
+        if tokio::time::timeout(ms(100), tx.send(key, key))
+            .await
+            .is_ok()
+        {
+            accepted.insert(key);
+        }
+    }
+    assert_eq!(accepted.len(), 4, "four shards took one value each");
+    assert_eq!(rx.len().await.unwrap(), 4);
+    for key in &accepted {
+        assert!(
+            tokio::time::timeout(ms(200), tx.send(*key, 0))
+                .await
+                .is_err(),
+            "a second value went into the full shard of key {key}"
+        );
+    }
+    assert_eq!(rx.len().await.unwrap(), 4);
+}
