@@ -45,10 +45,11 @@ use crate::error::{DeliveryError, TryRecvError};
 /// order they were sent, and a decision to make about them.
 ///
 /// While a key has a delivery that is not decided, its newer values wait: no receiver gets
-/// them (in Redis, while the delivery's lease holds). Decide each delivery with exactly one of [`ack`](Self::ack) (done),
-/// [`retry`](Self::retry) or [`retry_after`](Self::retry_after) (the values go back in front
-/// of the key's newer values), or [`give_up`](Self::give_up) (the values leave the channel
-/// and come back to you). Each takes the delivery, so the types allow only one.
+/// them (in Redis, while the delivery's lease holds). Decide each delivery with exactly
+/// one of [`ack`](Self::ack) (done), [`retry`](Self::retry) or
+/// [`retry_after`](Self::retry_after) (the values go back in front of the key's newer
+/// values), or [`give_up`](Self::give_up) (the values leave the channel and come back to
+/// you). Each takes the delivery, so the types allow only one.
 ///
 /// Dropping a delivery undecided retries it at once, as [`retry`](Self::retry) does: a
 /// consumer task that panics or is cancelled halfway loses nothing, and the values come
