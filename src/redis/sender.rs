@@ -44,7 +44,8 @@ struct Send {
 
 enum Outcome {
     Sent,
-    Full,
+    /// The queue was full: the key and value come back, encoded, for the next try.
+    Full(Vec<u8>, Vec<u8>),
     Closed,
     Failed(Error),
 }
@@ -155,11 +156,12 @@ impl<K: Serialize, V: Serialize> Sender<K, V> {
         };
         let line = &self.shared.lines[self.shared.queue.shard_of(&key_bytes)];
         let mut backoff = Duration::from_millis(1);
+        let mut encoded = (key_bytes, value_bytes);
         loop {
             let (tx, rx) = oneshot::channel();
             let send = Send {
-                key: key_bytes.clone(),
-                value: value_bytes.clone(),
+                key: encoded.0,
+                value: encoded.1,
                 within,
                 outcome: tx,
             };
@@ -176,7 +178,8 @@ impl<K: Serialize, V: Serialize> Sender<K, V> {
                         error,
                     })
                 }
-                Outcome::Full => {
+                Outcome::Full(key_bytes, value_bytes) => {
+                    encoded = (key_bytes, value_bytes);
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(MOST_FULL_BACKOFF);
                 }
@@ -211,7 +214,7 @@ async fn serve(queue: Arc<Queue>, shard: usize, mut line: mpsc::UnboundedReceive
             let outcome = match &taken {
                 Ok(-1) => Outcome::Closed,
                 Ok(n) if (i as i64) < *n => Outcome::Sent,
-                Ok(_) => Outcome::Full,
+                Ok(_) => Outcome::Full(send.key, send.value),
                 Err(err) => Outcome::Failed(err.clone()),
             };
             // A send that was cancelled no longer waits for its outcome.
