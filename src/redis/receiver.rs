@@ -253,11 +253,7 @@ where
                 let had = !taken.is_empty();
                 let batch = self.deliveries(shard, now, taken).await;
                 if !batch.is_empty() {
-                    if next >= 0 {
-                        // More waits, now or later: wake another receiver to take it or to
-                        // set its timer for it, since only this one has seen when.
-                        self.queue.poke(shard).await;
-                    }
+                    // The pull set the wake marker if more waits.
                     return Ok(Some(batch));
                 }
                 ended &= closed == 1 && pending == 0;

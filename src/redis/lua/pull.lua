@@ -46,5 +46,10 @@ for i = 1, #due, 2 do
   budget = budget - n
 end
 out[2] = next_wake()
+if #taken > 0 and out[2] >= 0 then
+  -- More waits, now or later: wake another receiver to take it or to set its timer for
+  -- it, since only this one has seen when.
+  redis.call('ZADD', WAKE, 0, 'w')
+end
 out[4] = tonumber(redis.call('HGET', META, 'pending'))
 return out
