@@ -4,15 +4,18 @@
 use std::env;
 use std::process::Command;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::consumers::Json;
 use crate::measure::{cpu_ns, proc_status_kb, GLOBAL, IDLE_AFTER_SENT_NS};
+use crate::plan::{Workload, ZIPF_EXPONENT};
 use crate::variants::{self, LATENESS};
 use crate::verify::{LatenessSink, Verifier};
-use crate::workload::{Burst, Paced, INDEX_BITS};
+use crate::workload::{Burst, Keys, Paced, Zipf, INDEX_BITS};
 
 /// The flag that makes this binary a throughput child.
 pub(crate) const THROUGHPUT_FLAG: &str = "--child";
@@ -58,17 +61,25 @@ fn arg<T: std::str::FromStr>(args: &[String], at: usize, what: &str) -> T {
 }
 
 /// Runs one variant through one throughput scenario.
-/// Arguments: variant window_ms producers keys values.
+/// Arguments: variant window_ms producers keys values [workload, `uniform` if left out].
 pub(crate) fn throughput(args: &[String]) -> RunResult {
     let variant: String = arg(args, 0, "variant");
     let window = Duration::from_millis(arg(args, 1, "window_ms"));
     let producers: u64 = arg(args, 2, "producers");
     let keys: u64 = arg(args, 3, "keys");
     let values: u64 = arg(args, 4, "values");
+    let workload = args.get(5).map_or(Workload::Uniform, |w| {
+        Workload::from_arg(w).unwrap_or_else(|| panic!("unknown workload {w}"))
+    });
     let limit = Duration::from_secs(60) + Duration::from_micros(20 * values);
 
     let rt = runtime();
-    let sink = Verifier::new(keys, values);
+    // The zipf tables are built here, before the clock starts.
+    let keys = match workload {
+        Workload::Uniform => Keys::Uniform(keys),
+        Workload::Zipf => Keys::Zipf(Arc::new(Zipf::new(keys, ZIPF_EXPONENT))),
+    };
+    let sink = Verifier::new(keys.clone(), values);
     let load = Burst {
         producers,
         values,
@@ -77,9 +88,18 @@ pub(crate) fn throughput(args: &[String]) -> RunResult {
     let before = GLOBAL.stats();
     let cpu_before = cpu_ns();
     let start = Instant::now();
-    let sink = rt.block_on(variants::run_throughput(
-        &variant, window, load, sink, limit,
-    ));
+    let sink = match workload {
+        Workload::Uniform => rt.block_on(variants::run_throughput(
+            &variant, window, load, sink, limit,
+        )),
+        Workload::Zipf => {
+            let sink = Json(sink);
+            rt.block_on(variants::run::<String, _>(
+                &variant, window, load, sink, limit,
+            ))
+            .0
+        }
+    };
     // Once everything is sent, a windowed consumer sits waiting for the last deadlines:
     // that wait is the workload's, not the channel's cost, and it would swamp short runs.
     let idle = Duration::from_nanos(IDLE_AFTER_SENT_NS.load(Relaxed));
@@ -118,7 +138,7 @@ pub(crate) fn lateness(args: &[String]) -> LatenessResult {
     let rt = runtime();
     let base = Instant::now();
     let sink = LatenessSink {
-        verifier: Verifier::new(keys, total),
+        verifier: Verifier::new(Keys::Uniform(keys), total),
         base,
         window_ns: window.as_nanos() as i64,
         lateness_ns: Vec::with_capacity(total as usize),

@@ -1,4 +1,5 @@
-//! The consumers: one task per variant that takes what is due and hands it to a [`Sink`].
+//! The consumers: one task per variant that takes what is due and hands it to a [`Sink`],
+//! and [`Json`], the work a webhook's consumer does with each key before sending it.
 
 use std::cmp::Reverse;
 use std::collections::hash_map::Entry;
@@ -10,12 +11,14 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use keyed_batch::ack::{self, Delivery};
 use keyed_batch::Batch;
+use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio_util::time::DelayQueue;
 
 use crate::measure::waiting;
 use crate::origin::OriginQueue;
 use crate::verify::Sink;
+use crate::workload::Value;
 
 /// mpsc-based consumers read up to this many messages at a time.
 const RECV_CHUNK: usize = 128;
@@ -25,8 +28,8 @@ const ORIGIN_PULL: usize = 100;
 const ORIGIN_NAP: Duration = Duration::from_millis(100);
 
 /// The floor: hands every message on as it comes, one value per delivery.
-pub(crate) async fn consume_mpsc<S: Sink>(
-    mut rx: mpsc::UnboundedReceiver<(u64, u64)>,
+pub(crate) async fn consume_mpsc<V: Value, S: Sink<V>>(
+    mut rx: mpsc::UnboundedReceiver<(u64, V)>,
     mut sink: S,
 ) -> S {
     let mut buf = Vec::with_capacity(RECV_CHUNK);
@@ -34,7 +37,7 @@ pub(crate) async fn consume_mpsc<S: Sink>(
         let n = waiting(rx.recv_many(&mut buf, RECV_CHUNK)).await;
         assert!(n > 0, "channel closed early");
         for (key, value) in buf.drain(..) {
-            sink.deliver(key, &[value]);
+            sink.deliver(key, std::slice::from_ref(&value));
         }
     }
     assert!(
@@ -45,12 +48,12 @@ pub(crate) async fn consume_mpsc<S: Sink>(
 }
 
 /// The hand-written batcher: a map of pending values and a `DelayQueue` of keys.
-pub(crate) async fn consume_delayqueue<S: Sink>(
-    mut rx: mpsc::UnboundedReceiver<(u64, u64)>,
+pub(crate) async fn consume_delayqueue<V: Value, S: Sink<V>>(
+    mut rx: mpsc::UnboundedReceiver<(u64, V)>,
     window: Duration,
     mut sink: S,
 ) -> S {
-    let mut pending: HashMap<u64, Vec<u64>> = HashMap::new();
+    let mut pending: HashMap<u64, Vec<V>> = HashMap::new();
     let mut timers: DelayQueue<u64> = DelayQueue::new();
     let mut buf = Vec::with_capacity(RECV_CHUNK);
     let mut closed = false;
@@ -96,7 +99,7 @@ pub(crate) async fn consume_delayqueue<S: Sink>(
 
 /// The hand-written priority batcher: after each read from the channel, every pending key
 /// goes out in ascending order of its smallest sort key (ties: first arrival).
-pub(crate) async fn consume_binaryheap<S: Sink>(
+pub(crate) async fn consume_binaryheap<S: Sink<u64>>(
     mut rx: mpsc::UnboundedReceiver<(u32, u64, u64)>,
     mut sink: S,
 ) -> S {
@@ -150,17 +153,21 @@ pub(crate) async fn consume_binaryheap<S: Sink>(
 
 /// What a `keyed_batch` receiver yields: a batch the consumer hands to its sink.
 pub(crate) trait Taken: Send {
+    /// What the batch's keys hold.
+    type Value;
     fn is_empty(&self) -> bool;
     /// Hands every key to `sink`, and does what the receiver asks of the consumer after.
-    fn hand_to<S: Sink>(self, sink: &mut S) -> impl Future<Output = ()> + Send;
+    fn hand_to<S: Sink<Self::Value>>(self, sink: &mut S) -> impl Future<Output = ()> + Send;
 }
 
-impl Taken for Batch<u64, u64> {
+impl<V: Value> Taken for Batch<u64, V> {
+    type Value = V;
+
     fn is_empty(&self) -> bool {
         self.is_empty()
     }
 
-    async fn hand_to<S: Sink>(self, sink: &mut S) {
+    async fn hand_to<S: Sink<V>>(self, sink: &mut S) {
         for (key, values) in &self {
             sink.deliver(*key, values);
         }
@@ -170,12 +177,14 @@ impl Taken for Batch<u64, u64> {
 /// An acknowledging receiver's batch: every delivery's values are checked, then the batch is
 /// acknowledged at once with `ack_all`, as a consumer that pushed the whole batch would.
 /// (Acknowledging each delivery on its own takes the channel's lock once per delivery.)
-impl Taken for Vec<Delivery<u64, u64>> {
+impl<V: Value> Taken for Vec<Delivery<u64, V>> {
+    type Value = V;
+
     fn is_empty(&self) -> bool {
         self.is_empty()
     }
 
-    async fn hand_to<S: Sink>(self, sink: &mut S) {
+    async fn hand_to<S: Sink<V>>(self, sink: &mut S) {
         for delivery in &self {
             sink.deliver(*delivery.key(), delivery.values());
         }
@@ -191,7 +200,7 @@ pub(crate) async fn consume_batches<R, S>(mut rx: R, is_empty: fn(&R) -> bool, m
 where
     R: Stream + Unpin,
     R::Item: Taken,
-    S: Sink,
+    S: Sink<<R::Item as Taken>::Value>,
 {
     while !sink.done() {
         let batch = waiting(rx.next()).await.expect("channel is open");
@@ -203,7 +212,10 @@ where
 }
 
 /// The origin's consumer: pulls what is due, and naps when nothing is.
-pub(crate) async fn consume_origin<S: Sink>(queue: Arc<OriginQueue>, mut sink: S) -> S {
+pub(crate) async fn consume_origin<V: Value, S: Sink<V>>(
+    queue: Arc<OriginQueue<V>>,
+    mut sink: S,
+) -> S {
     while !sink.done() {
         let batch = queue.pull(ORIGIN_PULL);
         if batch.is_empty() {
@@ -216,4 +228,32 @@ pub(crate) async fn consume_origin<S: Sink>(queue: Arc<OriginQueue>, mut sink: S
     }
     assert!(queue.is_drained(), "values left over");
     sink
+}
+
+/// A webhook consumer's own work: it serializes each key's values into a JSON body, one
+/// allocation per body, before it would send it (there is no network here), then hands the
+/// key on to the sink inside.
+pub(crate) struct Json<S>(pub(crate) S);
+
+/// The body a webhook consumer posts for one customer.
+#[derive(Serialize)]
+struct Body<'a, V> {
+    customer: u64,
+    events: &'a [V],
+}
+
+impl<V: Value + Serialize, S: Sink<V>> Sink<V> for Json<S> {
+    fn deliver(&mut self, key: u64, values: &[V]) {
+        let body = serde_json::to_vec(&Body {
+            customer: key,
+            events: values,
+        })
+        .expect("a body serializes");
+        std::hint::black_box(body);
+        self.0.deliver(key, values);
+    }
+
+    fn done(&self) -> bool {
+        self.0.done()
+    }
 }

@@ -10,7 +10,8 @@
 //! `--rounds N`, `--values N`, `--only a,b` (variants) and `--scenario w0-p1` (names that
 //! contain it) narrow a run down; a narrowed run writes no files. To profile one variant,
 //! run a child directly: `compare-<hash> --child timed 0 1 1000 2000000` (variant, window
-//! ms, producers, keys, values) or `--lateness-child timed 1000000 200000 2000 20`.
+//! ms, producers, keys, values, and optionally the workload: `uniform` or `zipf`, as in
+//! `--child timed 1000 4 100000 400000 zipf`) or `--lateness-child timed 1000000 200000 2000 20`.
 //!
 //! # Variants
 //!
@@ -20,9 +21,22 @@
 //! | `diy_delayqueue` | mpsc into a consumer task holding `HashMap<K, Vec<V>>` and a `tokio_util::time::DelayQueue<K>` |
 //! | `origin_port` | the origin's design: one `Mutex<(BTreeMap<Instant, Vec<K>>, HashMap<K, Vec<V>>)>`, pulled, 100 ms naps |
 //! | `timed` | `keyed_batch::timed` |
-//! | `timed_acked` | `keyed_batch::timed` acknowledged (`Builder::acked`): the consumer acks each delivery once its values are checked |
+//! | `timed_acked` | `keyed_batch::timed` acknowledged (`Builder::acked`): the consumer acks the batch once its values are checked |
 //! | `ordered` | `keyed_batch::ordered` with random `u32` sort keys (window 0 scenarios only) |
 //! | `diy_binaryheap` | mpsc into a consumer task holding `HashMap` + `BinaryHeap`: what `ordered` replaces |
+//!
+//! # Scenarios
+//!
+//! `wW-pP-mM`: `(u64, u64)` values, a window of W ms, P producers, M distinct keys, each
+//! equally likely; every window (0, 50) with every producer count (1, 4) and key count (1k,
+//! 1M). Windowed scenarios run the variants that take a window.
+//!
+//! `zipf`, a workload like the main job's (a webhook per customer): 100,000 customers with
+//! Zipf(1.1) traffic (customer `k` sends in proportion to `1/(k+1)^1.1`, drawn from a hash of
+//! the value's index with alias tables built before the clock starts), `String` events of 100
+//! to 400 bytes made by the producers, a window of 1 s, 4 producers, and a consumer that
+//! serializes each delivered key's events to a JSON body (`serde_json::to_vec`; no network).
+//! Allocation counts here: the events', the bodies', the channel's.
 //!
 //! # How a run goes
 //!
@@ -33,8 +47,9 @@
 //!
 //! - A multi-thread tokio runtime with one worker per core.
 //! - `P` producer *tasks*. Producer `p` sends a contiguous range of value indices, so the
-//!   value (its index) encodes the producer and its sequence number. The key is a hash of
-//!   the index modulo `M`. A producer yields to the scheduler every 256 values, as a task that
+//!   value (its index, or for `zipf` an event that starts with it) encodes the producer and
+//!   its sequence number. The key is a hash of the index modulo `M` (for `zipf`, a Zipf
+//!   draw from that hash). A producer yields to the scheduler every 256 values, as a task that
 //!   does some I/O would; otherwise four producers on two workers starve the consumer.
 //! - One consumer task. A run ends when it has seen every value; nothing is closed early, so
 //!   a windowed run includes waiting out the last window.

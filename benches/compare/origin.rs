@@ -6,17 +6,17 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// `SortedList<DateTime, List<TKey>> _queue` and `Dictionary<TKey, List<TValue>> _data`.
-type OriginState = (BTreeMap<Instant, Vec<u64>>, HashMap<u64, Vec<u64>>);
+type OriginState<V> = (BTreeMap<Instant, Vec<u64>>, HashMap<u64, Vec<V>>);
 
 /// The origin's `TimeSortedQueue<TKey, TValue>`, ported line by line: a sorted list of
 /// publish times, each with the keys published then, and a dictionary of pending values,
 /// both under one lock.
-pub(crate) struct OriginQueue {
-    state: Mutex<OriginState>,
+pub(crate) struct OriginQueue<V> {
+    state: Mutex<OriginState<V>>,
     window: Duration,
 }
 
-impl OriginQueue {
+impl<V> OriginQueue<V> {
     pub(crate) fn new(window: Duration) -> Self {
         OriginQueue {
             state: Mutex::new((BTreeMap::new(), HashMap::new())),
@@ -25,7 +25,7 @@ impl OriginQueue {
     }
 
     /// `Publish`: one queue entry per publish time, then the value into the dictionary.
-    pub(crate) fn publish(&self, key: u64, value: u64) {
+    pub(crate) fn publish(&self, key: u64, value: V) {
         let now = Instant::now();
         let mut state = self.state.lock().expect("not poisoned");
         let (queue, data) = &mut *state;
@@ -49,7 +49,7 @@ impl OriginQueue {
 
     /// `Pull`: takes whole queue entries while the first is at least a window old, each
     /// key with every value it holds, until `max` values are taken.
-    pub(crate) fn pull(&self, max: usize) -> Vec<(u64, Vec<u64>)> {
+    pub(crate) fn pull(&self, max: usize) -> Vec<(u64, Vec<V>)> {
         let mut result = Vec::new();
         let now = Instant::now();
         let mut state = self.state.lock().expect("not poisoned");

@@ -86,15 +86,48 @@ impl Plan {
     }
 }
 
-/// One throughput scenario: `producers` tasks send to `keys` keys through a `window_ms` window.
+/// One throughput scenario: `producers` tasks send to `keys` keys through a `window_ms`
+/// window, values and keys as `workload` makes them.
 #[derive(Clone, Copy)]
 pub(crate) struct Scenario {
     pub(crate) window_ms: u64,
     pub(crate) producers: u64,
     pub(crate) keys: u64,
+    pub(crate) workload: Workload,
 }
 
-/// Every throughput scenario: each window, with each producer count, with each key count.
+/// What a scenario's values are, how they pick their keys, and what the consumer does.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Workload {
+    /// `u64` values, every key equally likely; the consumer only checks them.
+    Uniform,
+    /// The main job's shape: `String` events of 100 to 400 bytes from customers drawn from
+    /// Zipf([`ZIPF_EXPONENT`]); the consumer serializes each key's values to JSON.
+    Zipf,
+}
+
+/// The exponent of the `zipf` scenario's Zipf distribution.
+pub(crate) const ZIPF_EXPONENT: f64 = 1.1;
+
+impl Workload {
+    /// How a child's command line names it.
+    pub(crate) fn arg(self) -> &'static str {
+        match self {
+            Workload::Uniform => "uniform",
+            Workload::Zipf => "zipf",
+        }
+    }
+
+    /// The workload `arg` names.
+    pub(crate) fn from_arg(arg: &str) -> Option<Workload> {
+        [Workload::Uniform, Workload::Zipf]
+            .into_iter()
+            .find(|w| w.arg() == arg)
+    }
+}
+
+/// Every throughput scenario: each window, with each producer count, with each key count;
+/// then `zipf`, a workload like the main job's (a webhook per customer, batched for a second).
 pub(crate) fn scenarios() -> Vec<Scenario> {
     let mut all = Vec::new();
     for window_ms in [0, 50] {
@@ -104,15 +137,25 @@ pub(crate) fn scenarios() -> Vec<Scenario> {
                     window_ms,
                     producers,
                     keys,
+                    workload: Workload::Uniform,
                 });
             }
         }
     }
+    all.push(Scenario {
+        window_ms: 1_000,
+        producers: 4,
+        keys: 100_000,
+        workload: Workload::Zipf,
+    });
     all
 }
 
 impl Scenario {
     pub(crate) fn name(&self) -> String {
+        if self.workload == Workload::Zipf {
+            return "zipf".to_string();
+        }
         let keys = match self.keys {
             1_000_000 => "1m".to_string(),
             1_000 => "1k".to_string(),
@@ -121,7 +164,8 @@ impl Scenario {
         format!("w{}-p{}-m{keys}", self.window_ms, self.producers)
     }
 
-    /// The variants this scenario runs: every one at window 0, the windowed ones otherwise.
+    /// The variants this scenario runs: every one at window 0, the windowed ones otherwise
+    /// (`ordered` and `diy_binaryheap` take no window).
     pub(crate) fn variants(&self) -> &'static [&'static str] {
         if self.window_ms == 0 {
             &ALL

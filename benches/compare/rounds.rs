@@ -36,6 +36,7 @@ pub(crate) fn throughput(plan: &Plan) -> Vec<ScenarioRuns> {
                     sc.producers.to_string(),
                     sc.keys.to_string(),
                     plan.values.to_string(),
+                    sc.workload.arg().to_string(),
                 ];
                 let result: RunResult = child::run(child::THROUGHPUT_FLAG, &child_args);
                 eprintln!(

@@ -13,7 +13,7 @@ use crate::consumers::{
 };
 use crate::origin::OriginQueue;
 use crate::verify::{Sink, Verifier};
-use crate::workload::{Burst, HeapTx, Load, MpscTx, OrderedTx, OriginTx, Produce, TimedTx};
+use crate::workload::{Burst, HeapTx, Load, MpscTx, OrderedTx, OriginTx, Produce, TimedTx, Value};
 
 /// Every variant, in the order the README table shows them. Window 0 scenarios run all.
 pub(crate) const ALL: [&str; 7] = [
@@ -25,7 +25,7 @@ pub(crate) const ALL: [&str; 7] = [
     "ordered",
     "diy_binaryheap",
 ];
-/// The variants that take a window: the only ones windowed scenarios run.
+/// The variants that take a window and any value: the only ones windowed scenarios run.
 pub(crate) const WINDOWED: [&str; 5] = [
     "mpsc",
     "diy_delayqueue",
@@ -36,9 +36,10 @@ pub(crate) const WINDOWED: [&str; 5] = [
 /// The variants the lateness scenario runs, in this order.
 pub(crate) const LATENESS: [&str; 4] = ["timed", "timed_acked", "diy_delayqueue", "origin_port"];
 
-/// Runs `variant` once in a throughput scenario: starts its consumer with `sink`, sends
-/// `load` through it, and hands the sink back once every value has arrived, failing the run
-/// if that takes over `limit`. The variants the lateness scenario runs too are in [`run`].
+/// Runs `variant` once in a `u64` throughput scenario: starts its consumer with `sink`,
+/// sends `load` through it, and hands the sink back once every value has arrived, failing
+/// the run if that takes over `limit`. Only the sorted variants, which take `u64` values
+/// alone, are here; the rest are in [`run`].
 pub(crate) async fn run_throughput(
     variant: &str,
     window: Duration,
@@ -47,10 +48,6 @@ pub(crate) async fn run_throughput(
     limit: Duration,
 ) -> Verifier {
     match variant {
-        "mpsc" => {
-            let (tx, rx) = mpsc::unbounded_channel();
-            drive(consume_mpsc(rx, sink), MpscTx(tx), &load, limit).await
-        }
         "diy_binaryheap" => {
             let (tx, rx) = mpsc::unbounded_channel();
             drive(consume_binaryheap(rx, sink), HeapTx(tx), &load, limit).await
@@ -62,20 +59,24 @@ pub(crate) async fn run_throughput(
             let consumer = consume_batches(rx, ordered::Receiver::is_empty, sink);
             drive(consumer, OrderedTx(tx), &load, limit).await
         }
-        _ => run(variant, window, load, sink, limit).await,
+        _ => run::<u64, _>(variant, window, load, sink, limit).await,
     }
 }
 
-/// Runs `variant` once, in either scenario: [`run_throughput`] says what a run does. Only
-/// the variants in [`LATENESS`] are here, so that a lateness child compiles no others.
-pub(crate) async fn run<S: Sink>(
+/// Runs `variant` once, with values of any kind, in any scenario: [`run_throughput`] says
+/// what a run does. Only the variants in [`WINDOWED`] are here.
+pub(crate) async fn run<V: Value, S: Sink<V>>(
     variant: &str,
     window: Duration,
-    load: impl Load,
+    load: impl Load<V>,
     sink: S,
     limit: Duration,
 ) -> S {
     match variant {
+        "mpsc" => {
+            let (tx, rx) = mpsc::unbounded_channel();
+            drive(consume_mpsc(rx, sink), MpscTx(tx), &load, limit).await
+        }
         "diy_delayqueue" => {
             let (tx, rx) = mpsc::unbounded_channel();
             let consumer = consume_delayqueue(rx, window, sink);
@@ -99,7 +100,7 @@ pub(crate) async fn run<S: Sink>(
             let _open = tx.clone(); // as in `timed`
                                     // Values acked are gone: nothing pending and nothing in flight.
             let drained =
-                |rx: &timed::AckReceiver<u64, u64>| rx.is_empty() && rx.stats().in_flight_keys == 0;
+                |rx: &timed::AckReceiver<u64, V>| rx.is_empty() && rx.stats().in_flight_keys == 0;
             let consumer = consume_batches(rx, drained, sink);
             drive(consumer, TimedTx(tx), &load, limit).await
         }
@@ -109,10 +110,10 @@ pub(crate) async fn run<S: Sink>(
 
 /// Spawns `consumer`, has the producers send `load` through `tx`, and waits for the
 /// consumer, failing the run if values stop arriving.
-async fn drive<S: Send + 'static>(
+async fn drive<V, S: Send + 'static>(
     consumer: impl Future<Output = S> + Send + 'static,
-    tx: impl Produce,
-    load: &impl Load,
+    tx: impl Produce<V>,
+    load: &impl Load<V>,
     limit: Duration,
 ) -> S {
     let consumer = tokio::spawn(consumer);

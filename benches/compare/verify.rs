@@ -3,17 +3,17 @@
 use std::time::Instant;
 
 use crate::measure::proc_status_kb;
-use crate::workload::{key_of, INDEX_BITS, INDEX_MASK};
+use crate::workload::{Keys, Value, INDEX_BITS, INDEX_MASK};
 
-/// What a consumer hands every delivered key to.
-pub(crate) trait Sink: Send + 'static {
-    fn deliver(&mut self, key: u64, values: &[u64]);
+/// What a consumer hands every delivered key (and its `V`s) to.
+pub(crate) trait Sink<V>: Send + 'static {
+    fn deliver(&mut self, key: u64, values: &[V]);
     fn done(&self) -> bool;
 }
 
 /// Checks that every value arrives exactly once, under the right key.
 pub(crate) struct Verifier {
-    keys: u64,
+    keys: Keys,
     total: u64,
     seen: Vec<u64>,
     count: u64,
@@ -24,7 +24,7 @@ pub(crate) struct Verifier {
 }
 
 impl Verifier {
-    pub(crate) fn new(keys: u64, total: u64) -> Self {
+    pub(crate) fn new(keys: Keys, total: u64) -> Self {
         Verifier {
             keys,
             total,
@@ -39,7 +39,7 @@ impl Verifier {
         assert!(index < self.total, "value {index} was never sent");
         assert_eq!(
             key,
-            key_of(index, self.keys),
+            self.keys.of(index),
             "value {index} arrived under the wrong key"
         );
         let (word, bit) = ((index / 64) as usize, 1u64 << (index % 64));
@@ -51,21 +51,26 @@ impl Verifier {
         }
     }
 
+    /// Whether every value has arrived.
+    pub(crate) fn done(&self) -> bool {
+        self.count == self.total
+    }
+
     pub(crate) fn finish(&self) {
         assert_eq!(self.count, self.total, "values were lost");
     }
 }
 
-impl Sink for Verifier {
-    fn deliver(&mut self, key: u64, values: &[u64]) {
+impl<V: Value> Sink<V> for Verifier {
+    fn deliver(&mut self, key: u64, values: &[V]) {
         self.deliveries += 1;
-        for &value in values {
-            self.check(key, value);
+        for value in values {
+            self.check(key, value.index());
         }
     }
 
     fn done(&self) -> bool {
-        self.count == self.total
+        Verifier::done(self)
     }
 }
 
@@ -77,7 +82,7 @@ pub(crate) struct LatenessSink {
     pub(crate) lateness_ns: Vec<i64>,
 }
 
-impl Sink for LatenessSink {
+impl Sink<u64> for LatenessSink {
     fn deliver(&mut self, key: u64, values: &[u64]) {
         let now = self.base.elapsed().as_nanos() as i64;
         let mut first_sent = i64::MAX;
