@@ -4,19 +4,20 @@ use std::error::Error;
 
 use crate::report::ScenarioRuns;
 
-/// ns/value against keys for `timed`, `timed_acked`, `diy_delayqueue` and `origin_port`,
-/// one panel per window and producer count.
+/// ns/value against keys for `timed`, `timed_acked`, `diy_delayqueue`, `origin_port` and
+/// `mpsc` (the floor: no batching at all), one panel per window and producer count.
 pub(crate) fn chart(
     path: &std::path::Path,
     scenarios: &[ScenarioRuns],
 ) -> Result<(), Box<dyn Error>> {
     use plotters::prelude::*;
 
-    let lines: [(&str, RGBColor); 4] = [
+    let lines: [(&str, RGBColor); 5] = [
         ("timed", RGBColor(0x1f, 0x77, 0xb4)),
         ("timed_acked", RGBColor(0x94, 0x67, 0xbd)),
         ("diy_delayqueue", RGBColor(0xff, 0x7f, 0x0e)),
         ("origin_port", RGBColor(0x2c, 0xa0, 0x2c)),
+        ("mpsc", RGBColor(0x7f, 0x7f, 0x7f)),
     ];
     let root = SVGBackend::new(path, (1000, 760)).into_drawing_area();
     root.fill(&WHITE)?;
