@@ -55,7 +55,7 @@ use hashbrown::{DefaultHashBuilder, HashTable};
 
 use self::index::{Index, Ticket};
 pub(crate) use self::slot::{Front, Items, Returned};
-use self::slot::{Slot, HELD};
+use self::slot::{Slot, Values, HELD};
 
 mod index;
 mod slot;
@@ -1042,7 +1042,7 @@ where
                 let mut slot = Slot {
                     hash,
                     key,
-                    values: Vec::new(),
+                    values: Values::new(),
                     extra: None,
                     rank,
                     seq: id,

@@ -7,7 +7,7 @@ use std::mem;
 pub(super) struct Slot<R, K, V> {
     pub(super) hash: u64,
     pub(super) key: K,
-    pub(super) values: Vec<V>,
+    pub(super) values: Values<V>,
     /// What is known of the values beyond their count; `None` while every weight is 1 and
     /// no value was handed out before. A slot is hot and gets copied as the table grows, so
     /// the common case pays 8 bytes for this.
@@ -18,6 +18,78 @@ pub(super) struct Slot<R, K, V> {
     /// The id of the one ticket that is live for this slot, or, with [`HELD`] set, the
     /// slot's hold: it has no live ticket and is not due (see `SortedQueue::take_held`).
     pub(super) ticket: u64,
+}
+
+/// A key's pending values.
+///
+/// A run of one value is the common case (a short window, or many keys), so the first value
+/// is kept in place, and a `Vec` is made for a second one or when the values go out. Made
+/// then, it is made by the receiver, whose thread is the one that frees it: a `Vec` made on
+/// a sender's thread and freed on the receiver's costs far more, with allocators whose free
+/// goes back to the allocating thread's arena under its lock (glibc's).
+pub(super) enum Values<V> {
+    One(V),
+    /// Any number, none included.
+    Many(Vec<V>),
+}
+
+impl<V> Values<V> {
+    pub(super) const fn new() -> Self {
+        Values::Many(Vec::new())
+    }
+
+    pub(super) fn len(&self) -> usize {
+        match self {
+            Values::One(_) => 1,
+            Values::Many(values) => values.len(),
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub(super) fn push(&mut self, value: V) {
+        match self {
+            Values::Many(values) if values.is_empty() => *self = Values::One(value),
+            Values::Many(values) => values.push(value),
+            Values::One(_) => {
+                let Values::One(first) = mem::replace(self, Values::new()) else {
+                    unreachable!("matched above")
+                };
+                *self = Values::Many(vec![first, value]);
+            }
+        }
+    }
+
+    /// All of them, in a `Vec`.
+    pub(super) fn into_vec(self) -> Vec<V> {
+        match self {
+            Values::One(value) => vec![value],
+            Values::Many(values) => values,
+        }
+    }
+
+    /// Puts `front` before them.
+    pub(super) fn prepend(&mut self, mut front: Vec<V>) {
+        match mem::replace(self, Values::new()) {
+            Values::One(value) => front.push(value),
+            Values::Many(values) => front.extend(values),
+        }
+        *self = Values::Many(front);
+    }
+
+    /// Takes the first `count` of them.
+    pub(super) fn take_front(&mut self, count: usize) -> Vec<V> {
+        match self {
+            Values::Many(values) => {
+                let rest = values.split_off(count);
+                mem::replace(values, rest)
+            }
+            Values::One(_) if count == 0 => Vec::new(),
+            Values::One(_) => mem::replace(self, Values::new()).into_vec(),
+        }
+    }
 }
 
 /// Marks a slot's `ticket` as a hold. Ticket ids never reach it.
@@ -54,7 +126,8 @@ pub(crate) enum Items<V> {
 }
 
 /// A whole slot's extras, as a front, for a slot taken whole.
-pub(super) fn whole<V>(values: Vec<V>, extra: Option<Box<Extra>>) -> Front<V> {
+pub(super) fn whole<V>(values: Values<V>, extra: Option<Box<Extra>>) -> Front<V> {
+    let values = values.into_vec();
     match extra.map(|e| *e) {
         None => Front {
             values,
@@ -242,8 +315,7 @@ impl<R, K, V> Slot<R, K, V> {
             mut seqs,
         } = back;
         let count = values.len();
-        let older = mem::replace(&mut self.values, values);
-        self.values.extend(older);
+        self.values.prepend(values);
         let known =
             weights.is_some() || !handed.is_empty() || entered.is_some() || !seqs.is_empty();
         if !known && self.extra.is_none() {
@@ -278,8 +350,7 @@ impl<R, K, V> Slot<R, K, V> {
 
     /// Takes the oldest `count` values, which weigh `weight`.
     pub(super) fn take_front(&mut self, count: usize, weight: usize) -> Front<V> {
-        let rest = self.values.split_off(count);
-        let values = mem::replace(&mut self.values, rest);
+        let values = self.values.take_front(count);
         let Some(extra) = self.extra.as_deref_mut() else {
             return Front {
                 values,

@@ -550,3 +550,33 @@ fn a_key_whose_clone_panics_is_taken_unheld() {
     assert!(taken[1].hold.is_some());
     assert_eq!(q.slot_count(), 1);
 }
+
+/// A key's values go from none to one kept in place, to a `Vec`, and back, in order through
+/// every way they change.
+#[test]
+fn values_keep_their_order_in_place_and_in_a_vec() {
+    use super::slot::Values;
+    let mut values = Values::new();
+    assert!(values.is_empty());
+    values.push(1);
+    assert!(matches!(values, Values::One(1)));
+    values.prepend(vec![-1, 0]);
+    assert_eq!(values.len(), 3);
+    assert_eq!(values.take_front(2), vec![-1, 0]);
+    values.push(2);
+    assert_eq!(values.take_front(0), Vec::<i32>::new());
+    assert_eq!(values.take_front(2), vec![1, 2]);
+    assert!(values.is_empty());
+    // Emptied, it keeps the next value in place again.
+    values.push(3);
+    assert!(matches!(values, Values::One(3)));
+    assert_eq!(values.take_front(0), Vec::<i32>::new());
+    assert_eq!(values.take_front(1), vec![3]);
+    values.prepend(vec![4]);
+    assert_eq!(values.into_vec(), vec![4]);
+    // The value kept in place costs no room in the slot: a table of slots stays as dense.
+    assert_eq!(
+        std::mem::size_of::<Values<u64>>(),
+        std::mem::size_of::<Vec<u64>>()
+    );
+}
