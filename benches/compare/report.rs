@@ -366,9 +366,10 @@ fn targets(md: &mut String, scenarios: &[ScenarioRuns], lateness: &[LatenessOut]
     }
     for l in lateness.iter().filter(|l| l.variant == "timed") {
         let keys = l.keys;
+        let us = "(µs)";
         let checks = [
-            ("lateness p99", "(µs)", "≤ 2500", l.p99_us, l.p99_us <= 2500.0),
-            ("lateness max", "(µs)", "≤ 5000", l.max_us, l.max_us <= 5000.0),
+            ("lateness p99", us, "≤ 2500", l.p99_us, l.p99_us <= 2500.0),
+            ("lateness max", us, "≤ 5000", l.max_us, l.max_us <= 5000.0),
             ("early deliveries", "", "0", l.early as f64, l.early == 0),
         ];
         for (what, unit, limit, x, ok) in checks {
