@@ -24,9 +24,10 @@ pub(super) struct Slot<R, K, V> {
 ///
 /// A run of one value is the common case (a short window, or many keys), so the first value
 /// is kept in place, and a `Vec` is made for a second one or when the values go out. Made
-/// then, it is made by the receiver, whose thread is the one that frees it: a `Vec` made on
-/// a sender's thread and freed on the receiver's costs far more, with allocators whose free
-/// goes back to the allocating thread's arena under its lock (glibc's).
+/// then, it is made by the receiver, on the thread that most often frees it: a `Vec` made on
+/// a sender's thread, under the channel's lock, and freed on the receiver's costs more with
+/// allocators whose free goes back to the allocating thread's arena under its lock (glibc's):
+/// 5–15% of a value's time at a million keys in `benches/compare`.
 pub(super) enum Values<V> {
     One(V),
     /// Any number, none included.
