@@ -1,5 +1,5 @@
-//! Code every benchmark shares: the hash that spreads keys, the flags, medians, and what the
-//! figures ran on.
+//! Code every benchmark shares: the hash that spreads keys, the flags, medians, what the
+//! figures ran on, the runtime, and where results are written.
 
 // Each benchmark includes this file as its own module, and not every one uses every helper.
 #![allow(dead_code)]
@@ -115,4 +115,20 @@ pub(crate) fn machine_line() -> String {
         .collect::<Vec<_>>()
         .join(" ");
     format!("- cores: {} ({cpu}); load average: {load}", cores())
+}
+
+/// Where a benchmark writes its results: `CARGO_TARGET_DIR`, or the package's `target/`.
+pub(crate) fn target_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
+}
+
+/// A multi-thread runtime with one worker per core, as a service would run.
+pub(crate) fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cores())
+        .enable_all()
+        .build()
+        .expect("a runtime")
 }

@@ -87,9 +87,9 @@
 
 use std::env;
 use std::fmt::Write as _;
-use std::path::PathBuf;
 use std::time::Instant;
 
+use common::target_dir;
 use plan::Plan;
 use report::Report;
 
@@ -155,10 +155,4 @@ fn parent(args: &[String]) {
             Err(e) => eprintln!("chart not drawn: {e}"),
         }
     }
-}
-
-fn target_dir() -> PathBuf {
-    env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
 }

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use crate::plan::Plan;
 
-pub(crate) use crate::common::{cores, cpu_secs};
+pub(crate) use crate::common::cpu_secs;
 
 /// What a reader needs to judge the figures: cores, CPU, load, and the disk the logs
 /// are on.

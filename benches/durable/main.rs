@@ -48,9 +48,9 @@
 
 use std::env;
 use std::fs;
-use std::path::PathBuf;
 use std::time::Instant;
 
+use common::{runtime, target_dir};
 use plan::Plan;
 
 #[path = "../common/mod.rs"]
@@ -95,19 +95,4 @@ fn main() {
     }
     print!("{}", report::targets(&targets));
     println!("\nTime: {:.0} s in all.", started.elapsed().as_secs_f64());
-}
-
-fn target_dir() -> PathBuf {
-    env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
-}
-
-/// A multi-thread runtime with one worker per core, as a service would run.
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(machine::cores())
-        .enable_all()
-        .build()
-        .expect("a runtime")
 }

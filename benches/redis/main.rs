@@ -53,9 +53,9 @@
 #![forbid(unsafe_code)]
 
 use std::env;
-use std::path::PathBuf;
 use std::time::Instant;
 
+use common::{runtime, target_dir};
 use plan::Plan;
 use probe::Server;
 use redis_server::RedisServer;
@@ -145,19 +145,4 @@ fn main() {
         Err(e) => eprintln!("cannot write {}: {e}", path.display()),
     }
     println!("Time: {secs:.0} s in all.");
-}
-
-fn target_dir() -> PathBuf {
-    env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
-}
-
-/// A multi-thread runtime with one worker per core, as a service would run.
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(report::cores())
-        .enable_all()
-        .build()
-        .expect("a runtime")
 }
