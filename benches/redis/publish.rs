@@ -44,23 +44,22 @@ pub(crate) fn run(plan: &Plan, server: &Server) -> Vec<Row> {
         .collect();
     for round in 0..plan.rounds {
         for row in &mut rows {
-            for side in 0..2 {
-                // The side that goes first swaps from round to round.
-                let keyed_side = (side + round) % 2 == 0;
+            let conns = row.conns;
+            row.pair.round(round, |keyed_side| {
                 let run = match keyed_side {
-                    true => keyed(server, row.conns, plan.run_for),
-                    false => plain(server, row.conns, plan.run_for),
+                    true => keyed(server, conns, plan.run_for),
+                    false => plain(server, conns, plan.run_for),
                 };
                 eprintln!(
                     "  publish round {}/{} conns {} {:<5} {:>9.0} values/s",
                     round + 1,
                     plan.rounds,
-                    row.conns,
+                    conns,
                     if keyed_side { "keyed" } else { "plain" },
                     run.rate(),
                 );
-                row.pair.push(keyed_side, run);
-            }
+                run
+            });
         }
     }
     rows

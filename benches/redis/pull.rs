@@ -54,27 +54,28 @@ pub(crate) fn run(plan: &Plan, server: &Server) -> Vec<Row> {
     ];
     for round in 0..plan.rounds {
         for row in &mut rows {
-            for side in 0..2 {
-                let keyed_side = (side + round) % 2 == 0;
+            let (consumers, values, keys) = (row.consumers, row.values, row.keys);
+            let fills = &mut row.fills;
+            row.pair.round(round, |keyed_side| {
                 let run = match keyed_side {
                     true => {
-                        let (run, fill) = keyed(server, row.consumers, row.values, row.keys);
-                        row.fills.push(fill);
+                        let (run, fill) = keyed(server, consumers, values, keys);
+                        fills.push(fill);
                         run
                     }
-                    false => plain(server, row.consumers, row.values),
+                    false => plain(server, consumers, values),
                 };
                 eprintln!(
                     "  pull round {}/{} consumers {} values/key {} {:<5} {:>9.0} values/s",
                     round + 1,
                     plan.rounds,
-                    row.consumers,
-                    row.values / row.keys,
+                    consumers,
+                    values / keys,
                     if keyed_side { "keyed" } else { "plain" },
                     run.rate(),
                 );
-                row.pair.push(keyed_side, run);
-            }
+                run
+            });
         }
     }
     rows

@@ -49,10 +49,16 @@ impl Pair {
         }
     }
 
-    pub(crate) fn push(&mut self, keyed_side: bool, run: Run) {
-        match keyed_side {
-            true => self.keyed.push(run),
-            false => self.plain.push(run),
+    /// Runs both sides once, in `round`, with `run(keyed_side)`: the side that goes first
+    /// swaps from round to round.
+    pub(crate) fn round(&mut self, round: usize, mut run: impl FnMut(bool) -> Run) {
+        for side in 0..2 {
+            let keyed_side = (side + round) % 2 == 0;
+            let done = run(keyed_side);
+            match keyed_side {
+                true => self.keyed.push(done),
+                false => self.plain.push(done),
+            }
         }
     }
 
