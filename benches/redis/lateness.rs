@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use keyed_batch::ack::ack_all;
+use keyed_batch::ack::{ack_all, Delivery};
 use keyed_batch::timed;
 use tokio::time::Instant;
 
@@ -122,19 +122,14 @@ pub(crate) fn run(plan: &Plan, server: &Server) -> Figures {
 
         let before = Snap::take(&mut admin).await;
         let base = Instant::now();
-        let window = WINDOW.as_secs_f64() * 1e3;
         let keyed_samples = Arc::new(Mutex::new(Vec::new()));
         let keyed_consumer = tokio::spawn({
             let samples = Arc::clone(&keyed_samples);
             async move {
                 loop {
                     let batch = rx.recv().await.expect("pulled").expect("open");
-                    let at = Instant::now();
-                    samples.lock().unwrap().extend(batch.iter().map(|d| Sample {
-                        sent: d.values()[0] as f64 / 1e6,
-                        past_due: ms_since(at, base) - d.values()[0] as f64 / 1e6 - window,
-                        by_entered: Some(ms_since(at, d.entered()) - window),
-                    }));
+                    let taken = delivered(&batch, base);
+                    samples.lock().unwrap().extend(taken);
                     ack_all(batch).await.expect("acked");
                 }
             }
@@ -144,12 +139,8 @@ pub(crate) fn run(plan: &Plan, server: &Server) -> Figures {
             let samples = Arc::clone(&mem_samples);
             async move {
                 while let Some(batch) = mem_rx.recv().await {
-                    let at = Instant::now();
-                    samples.lock().unwrap().extend(batch.iter().map(|d| Sample {
-                        sent: d.values()[0] as f64 / 1e6,
-                        past_due: ms_since(at, base) - d.values()[0] as f64 / 1e6 - window,
-                        by_entered: Some(ms_since(at, d.entered()) - window),
-                    }));
+                    let taken = delivered(&batch, base);
+                    samples.lock().unwrap().extend(taken);
                     ack_all(batch).await.expect("acked");
                 }
             }
@@ -241,6 +232,21 @@ pub(crate) fn run(plan: &Plan, server: &Server) -> Figures {
 }
 
 /// ms since `base`.
+/// The samples of a batch of keyed-batch deliveries, taken now: each value is its send's
+/// start, in ns since `base`.
+fn delivered(batch: &[Delivery<u64, u64>], base: Instant) -> Vec<Sample> {
+    let at = Instant::now();
+    let window = WINDOW.as_secs_f64() * 1e3;
+    batch
+        .iter()
+        .map(|d| Sample {
+            sent: d.values()[0] as f64 / 1e6,
+            past_due: ms_since(at, base) - d.values()[0] as f64 / 1e6 - window,
+            by_entered: Some(ms_since(at, d.entered()) - window),
+        })
+        .collect()
+}
+
 fn ms_since(at: Instant, base: Instant) -> f64 {
     at.duration_since(base).as_secs_f64() * 1e3
 }
