@@ -108,6 +108,23 @@ fn assert_in_order_one_at_a_time(report: &Report) {
     assert_eq!(report.overlapping_requests, 0, "{report:#?}");
 }
 
+/// Each customer got at most one request per window, plus one per failed request.
+///
+/// Each request carries one run of a customer's events. A run that neither a failure nor the
+/// final close cut short lasts at least the window, and runs start only while the producers
+/// run, so a customer has at most floor(S / window) + 1 of them (the + 1: runs are not
+/// aligned with the start, and the close cuts the last one short). A failed request's events
+/// are retried, which may make one more, short run.
+fn assert_one_request_per_window(report: &Report) {
+    let runs = (report.produce_seconds * 1000.0 / WINDOW_MS).floor() as u64 + 1;
+    let most = CUSTOMERS * runs + report.failed_requests;
+    assert!(
+        report.http_requests <= most,
+        "{} requests, at most {most} expected: {report:#?}",
+        report.http_requests
+    );
+}
+
 /// The total of the retry delays an event waits after `failures` failed POSTs: 50 ms,
 /// doubling after each further failure, each delay capped at 2 s.
 fn backoff_ms(failures: u32) -> f64 {
@@ -133,18 +150,7 @@ async fn batched() {
         report.delay_max_ms
     );
 
-    // Each request carries one run of a customer's events. A run that neither a failure
-    // nor the final close cut short lasts at least the window, and runs start only while the
-    // producers run, so a customer has at most floor(S / window) + 1 of them (the + 1: runs
-    // are not aligned with the start, and the close cuts the last one short). A failed
-    // request's events are retried, which may make one more, short run.
-    let runs = (report.produce_seconds * 1000.0 / WINDOW_MS).floor() as u64 + 1;
-    let most = CUSTOMERS * runs + report.failed_requests;
-    assert!(
-        report.http_requests <= most,
-        "{} requests, at most {most} expected: {report:#?}",
-        report.http_requests
-    );
+    assert_one_request_per_window(&report);
 }
 
 /// With 10 of the 100 customers down for the first second, and 10% of all requests failing
@@ -265,15 +271,8 @@ async fn redis_two_processes() {
         report.delay_max_ms
     );
     assert!(report.delay_p50_ms < WINDOW_MS, "{report:#?}");
-    // Batching held across the processes: one request per customer per window, plus the
-    // retries, as in `batched`.
-    let runs = (report.produce_seconds * 1000.0 / WINDOW_MS).floor() as u64 + 1;
-    let most = CUSTOMERS * runs + report.failed_requests;
-    assert!(
-        report.http_requests <= most,
-        "{} requests, at most {most} expected: {report:#?}",
-        report.http_requests
-    );
+    // Batching held across the processes.
+    assert_one_request_per_window(&report);
 }
 
 /// Starts `redis_worker`: this test binary again, its arguments in [`WORKER_ENV`].
