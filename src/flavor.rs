@@ -29,6 +29,14 @@ pub(crate) trait Flavor {
     /// The rank of values that were delivered at `rank` and are retried at `now`: a
     /// retried key is due as soon as its retry delay is over.
     fn retried(rank: Self::Rank, now: u64) -> Self::Rank;
+
+    /// When a value that arrived at `arrival` would make a key of its own due, at the
+    /// latest: what a send through the inbox compares with the deadline the receivers sleep
+    /// on, without the lock (see `chan::inbox`). Early is safe (a wake for nothing); late
+    /// is not. The default, `arrival`, is due at once.
+    fn due_alone(_input: &Self::Input, arrival: u64, _epoch: Instant, _config: &Config) -> u64 {
+        arrival
+    }
 }
 
 /// A value joining its key, as [`Flavor::rank`] sees it.
@@ -73,6 +81,16 @@ impl<'a> Clock<'a> {
             epoch,
             last,
             now: None,
+        }
+    }
+
+    /// A clock that reads `now` whatever the time: a value taken in from the inbox is
+    /// ranked as of when it was sent. `last` is left as it is.
+    pub(crate) fn at(epoch: Instant, last: &'a mut Option<u64>, now: u64) -> Self {
+        Clock {
+            epoch,
+            last,
+            now: Some(now),
         }
     }
 

@@ -46,7 +46,7 @@ use crate::builder;
 use crate::chan;
 use crate::config::{Config, Weigher};
 use crate::error::{SendError, TryRecvError, TrySendError};
-use crate::flavor::{Flavor, Joining, Reason};
+use crate::flavor::{self, Flavor, Joining, Reason};
 use crate::stats::Stats;
 use crate::Batch;
 
@@ -176,6 +176,18 @@ impl Flavor for Deadlines {
 
     fn retried(_: Deadline, now: u64) -> Deadline {
         Deadline::new(now, Reason::Deadline)
+    }
+
+    fn due_alone(due: &Due, arrival: u64, epoch: Instant, config: &Config) -> u64 {
+        // As `rank` computes it for a key alone; `is_full` is never true on a channel that
+        // has an inbox (it has no per-key limits).
+        let window = u64::try_from(config.window.as_nanos()).unwrap_or(u64::MAX);
+        let by_window = arrival.saturating_add(window);
+        match due {
+            Due::Window => by_window,
+            Due::By(at) => flavor::since(epoch, *at).min(by_window),
+            Due::Now(_) => arrival,
+        }
     }
 }
 

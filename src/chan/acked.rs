@@ -500,6 +500,7 @@ impl<F, K, V> Link<K, V> for Chan<F, K, V>
 where
     F: Flavor,
     F::Rank: Ord + Clone + Send,
+    F::Input: Send,
     K: Hash + Eq + Clone + Send,
     V: Send,
 {
@@ -606,6 +607,7 @@ impl<F, K, V> Rx<F, K, V>
 where
     F: Flavor + 'static,
     F::Rank: Ord + Clone + Send + 'static,
+    F::Input: Send,
     K: Hash + Eq + Clone + Send + 'static,
     V: Send + 'static,
 {

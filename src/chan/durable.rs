@@ -61,6 +61,7 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
     where
         F: 'static,
         F::Rank: Send,
+        F::Input: Send,
         K: Send + 'static,
         V: Send + 'static,
     {

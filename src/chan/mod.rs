@@ -1,19 +1,23 @@
 //! The state every flavour shares, and the internal handles [`Tx`] and [`Rx`] that the
 //! public handles in `timed` and `ordered` wrap.
 //!
-//! The state lives under one mutex. Outside it are each receiver's own timer and the
-//! `Notify` that `closed()` waits on, which is notified once, on close. Wakers, and keys and
+//! The state lives under one mutex. Outside it are each receiver's own timer, the
+//! `Notify` that `closed()` waits on, which is notified once, on close, and, in a channel
+//! without per-key or room limits, the [`inbox`] that sends go through while the lock is
+//! taken. Whoever takes the lock takes the inbox in first (see [`Chan::lock`]), so every
+//! locked operation sees every value whose send returned. Wakers, and keys and
 //! ranks whose `Drop` is user code, are collected while the lock is held and released after
 //! it is: see [`Guard`].
 
 use std::collections::{HashSet, VecDeque};
 use std::future::{poll_fn, Future};
 use std::hash::{BuildHasher, Hash};
+use std::iter;
 use std::mem;
 use std::ops::{Deref, DerefMut};
 use std::panic::{self, AssertUnwindSafe};
 use std::pin::{pin, Pin};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::task::{ready, Context, Poll, Wake, Waker};
 use std::thread::{self, Thread};
 
@@ -29,10 +33,12 @@ use crate::flavor::{self, Clock, Flavor, Joining, Reason};
 use crate::queue::{Inserted, Items, Returned, Run, SortedQueue};
 
 use self::acked::Acked;
+use self::inbox::{Entry, Inbox};
 
 mod acked;
 #[cfg(feature = "durable")]
 mod durable;
+mod inbox;
 use crate::stats::{Deliveries, Stats};
 use crate::Batch;
 
@@ -55,7 +61,21 @@ pub(crate) struct Chan<F: Flavor, K, V> {
     /// A durable channel's log.
     #[cfg(feature = "durable")]
     log: Option<crate::durable::Attached<F, K, V>>,
+    /// Where sends go while the lock is taken, in a channel whose sends need nothing from
+    /// the locked state; with the function that takes it in under the lock.
+    inbox: Option<WithInbox<F, K, V>>,
+    /// Every send goes through the inbox, even with the lock free: for this crate's tests
+    /// (`KEYED_BATCH_INBOX=always`, with the `fault-injection` feature), so that one thread
+    /// can drive the inbox path.
+    #[cfg(feature = "fault-injection")]
+    always_inbox: bool,
 }
+
+/// Takes the inbox in under the lock: [`Chan::take_in`], made where its bounds are known.
+type TakeIn<F, K, V> = for<'a, 'b> fn(&'a Chan<F, K, V>, &'b mut Guard<'a, F, K, V>);
+
+/// An inbox, and how to take it in.
+type WithInbox<F, K, V> = (Inbox<F, K, V>, TakeIn<F, K, V>);
 
 struct State<F: Flavor, K, V> {
     queue: SortedQueue<F::Rank, K, V>,
@@ -200,6 +220,8 @@ struct Guard<'a, F: Flavor, K, V> {
     wakes: Vec<Waker>,
     /// A key or rank that a send did not need.
     spare: (Option<K>, Option<F::Rank>),
+    /// Those of the values taken in from the inbox.
+    spares: Vec<(Option<K>, Option<F::Rank>)>,
     /// Values no one can receive any more.
     spare_values: Vec<V>,
     /// Whether to notify `closed()` calls.
@@ -240,6 +262,7 @@ impl<F: Flavor, K, V> Drop for Guard<'_, F, K, V> {
         drop(state);
         drop(trash);
         self.spare = (None, None);
+        self.spares = Vec::new();
         self.spare_values = Vec::new();
         self.wakes.drain(..).for_each(Waker::wake);
         if self.notify_closed {
@@ -367,16 +390,37 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
     /// Locks the state. A panic in user code (`Hash`, `Eq`, `Ord`, `Clone`) poisons the
     /// lock, but the queue is whole at every point where such code runs, so the state is
     /// still good and the lock is recovered: a panicking key must not wedge the channel.
+    ///
+    /// In a channel with an inbox, the values in it are taken in first.
     fn lock(&self) -> Guard<'_, F, K, V> {
         let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        Guard {
+        self.guard(state)
+    }
+
+    /// Locks the state if no one holds the lock, taking the inbox in.
+    fn try_lock(&self) -> Option<Guard<'_, F, K, V>> {
+        let state = match self.state.try_lock() {
+            Ok(state) => state,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
+        Some(self.guard(state))
+    }
+
+    fn guard<'a>(&'a self, state: MutexGuard<'a, State<F, K, V>>) -> Guard<'a, F, K, V> {
+        let mut guard = Guard {
             chan: self,
             state: Some(state),
             wakes: Vec::new(),
             spare: (None, None),
+            spares: Vec::new(),
             spare_values: Vec::new(),
             notify_closed: false,
+        };
+        if let Some((_, take_in)) = &self.inbox {
+            take_in(self, &mut guard);
         }
+        guard
     }
 
     fn now(&self) -> u64 {
@@ -449,6 +493,9 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
             return false;
         }
         guard.closed_at = Some(self.now());
+        if let Some((inbox, _)) = &self.inbox {
+            inbox.close();
+        }
         // Waiting receivers now have the whole queue due; waiting senders now fail.
         let state = guard.state.as_ref().expect("the guard holds the lock");
         let wakes = &mut guard.wakes;
@@ -622,6 +669,17 @@ where
 
     /// Puts a value that was let in into the queue.
     fn insert_item(&self, guard: &mut Guard<'_, F, K, V>, item: Item<F, K, V>) {
+        self.insert_item_at(guard, item, None);
+    }
+
+    /// Puts a value into the queue, ranked as of `arrival` if given (a value from the
+    /// inbox), else as of now.
+    fn insert_item_at(
+        &self,
+        guard: &mut Guard<'_, F, K, V>,
+        item: Item<F, K, V>,
+        arrival: Option<u64>,
+    ) {
         let state = &mut **guard;
         let Item {
             input,
@@ -636,8 +694,12 @@ where
             Some(seq) => Items::AppendLogged(value, weight, seq, 0),
             None => Items::Append(value, weight),
         };
-        // Read the clock under the lock, so ranks go in in the order values do.
-        let mut clock = Clock::new(self.epoch, &mut state.last_now);
+        // Read the clock under the lock, so ranks go in in the order values do. A value
+        // from the inbox is due a window after it was sent, not after it was taken in.
+        let mut clock = match arrival {
+            Some(at) => Clock::at(self.epoch, &mut state.last_now, at),
+            None => Clock::new(self.epoch, &mut state.last_now),
+        };
         let inserted = self.insert_ranked(&mut state.queue, &mut clock, (hash, key, input), items);
         // When the run started, for the oldest-age figure.
         let arrival = inserted.new_run.map(|run| (run, clock.now()));
@@ -646,6 +708,70 @@ where
         guard.spare = (inserted.spare_key, inserted.spare_rank);
         if inserted.leads {
             guard.wake_receivers();
+        }
+    }
+
+    /// Takes the inbox in: puts its values into the queue, in the order they were sent.
+    ///
+    /// `Eq` and `Ord` run here for values sent through the inbox. A value whose key panics
+    /// in them is dropped and counted as lost, and the panic goes no further: the call that
+    /// takes the inbox in (any call that takes the lock) did not send it. Every other value
+    /// goes in, and nothing deadlocks, since the lock is not poisoned.
+    fn take_in(&self, guard: &mut Guard<'_, F, K, V>) {
+        let Some((inbox, _)) = &self.inbox else {
+            return;
+        };
+        if guard.receivers == 0 {
+            // No one can receive them: they go with the channel, outside any lock.
+            return;
+        }
+        // Only what is there now: producers that keep pushing must not keep the lock holder
+        // here for ever. What they push meanwhile was sent after this call began.
+        let present = inbox.queue.len();
+        for Entry { item, arrival } in iter::from_fn(|| inbox.queue.pop()).take(present) {
+            let put = panic::catch_unwind(AssertUnwindSafe(|| {
+                self.insert_item_at(guard, item, Some(arrival));
+            }));
+            let spare = mem::take(&mut guard.spare);
+            if spare.0.is_some() || spare.1.is_some() {
+                guard.spares.push(spare);
+            }
+            if put.is_err() {
+                guard.counts.lost += 1;
+            }
+        }
+    }
+
+    /// Sends `item` on a channel with an inbox, which never waits for room: under the lock
+    /// if no one holds it, else through the inbox. Hands the item back if the channel is
+    /// closed.
+    fn offer(&self, item: Item<F, K, V>) -> Result<(), Item<F, K, V>> {
+        let (inbox, _) = self.inbox.as_ref().expect("a channel with an inbox");
+        #[cfg(feature = "fault-injection")]
+        let try_lock = !self.always_inbox;
+        #[cfg(not(feature = "fault-injection"))]
+        let try_lock = true;
+        if let Some(mut guard) = try_lock.then(|| self.try_lock()).flatten() {
+            let mut item = Some(item);
+            let pushed = self.try_push(&mut guard, &mut item, &mut None, Push::Now);
+            drop(guard);
+            return match pushed {
+                Ok(_) => Ok(()),
+                Err(_) => Err(item.expect("a refused item")),
+            };
+        }
+        // The arrival is now: the value is due a window after this, whenever it is taken in.
+        let arrival = self.now();
+        let due = F::due_alone(&item.input, arrival, self.epoch, &self.config);
+        match inbox.push(Entry { item, arrival }, due) {
+            Err(entry) => Err(entry.item),
+            Ok(pushed) => {
+                if pushed.earlier || pushed.closed {
+                    // Taking the lock takes the value in; the receivers then look again.
+                    self.lock().wake_receivers();
+                }
+                Ok(())
+            }
         }
     }
 
@@ -784,7 +910,11 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
     /// delivery is in flight.
     fn is_drained(&self, state: &State<F, K, V>) -> bool {
         let in_flight = state.acked.as_ref().is_some_and(|a| a.in_flight() > 0);
-        state.closed_at.is_some() && state.queue.is_empty() && !in_flight
+        let settled = self
+            .inbox
+            .as_ref()
+            .is_none_or(|(inbox, _)| inbox.is_settled());
+        state.closed_at.is_some() && state.queue.is_empty() && !in_flight && settled
     }
 
     /// When a waiting receiver must look again: the earliest deadline, or the end of the
@@ -838,20 +968,33 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
 }
 
 /// Makes a channel; an acknowledging one if `acked`.
-pub(crate) fn channel<F: Flavor, K, V>(
+pub(crate) fn channel<F: Flavor, K: Hash + Eq + Clone, V>(
     config: Config,
     weigher: impl Weigher<V>,
     acked: bool,
 ) -> (Tx<F, K, V>, Rx<F, K, V>)
 where
-    F::Rank: Ord,
+    F::Rank: Ord + Clone,
 {
+    // Sends go through an inbox only where they need nothing from the locked state: no
+    // limit that counts what is pending, and no deliveries to hold (see `inbox`).
+    let unlimited = [
+        config.capacity,
+        config.max_weight,
+        config.max_keys,
+        config.max_values_per_key,
+        config.max_key_weight,
+    ]
+    .iter()
+    .all(|limit| *limit == usize::MAX);
+    let take_in: TakeIn<F, K, V> = |chan, guard| chan.take_in(guard);
     // Deadlines before the epoch count as the epoch (they are all due), so take it as late
     // as we can: now, not when the builder was made.
     let parts = Parts {
         acked,
         epoch: Instant::now(),
         log: Log::default(),
+        take_in: (unlimited && !acked).then_some(take_in),
     };
     make(config, config::weigh(weigher), parts)
 }
@@ -866,11 +1009,13 @@ pub(crate) fn durable<F: Flavor + 'static, K: Send + 'static, V: Send + 'static>
 ) -> (Tx<F, K, V>, Rx<F, K, V>)
 where
     F::Rank: Ord + Send,
+    F::Input: Send,
 {
     let parts = Parts {
         acked: true,
         epoch,
         log: Some(log),
+        take_in: None,
     };
     let (tx, rx) = make(config, config::weigh(weigher), parts);
     tx.chan.close_on_log_failure();
@@ -882,6 +1027,8 @@ struct Parts<F: Flavor, K, V> {
     acked: bool,
     epoch: Instant,
     log: Log<F, K, V>,
+    /// For a channel with an inbox, how it is taken in.
+    take_in: Option<TakeIn<F, K, V>>,
 }
 
 /// A durable channel's log, in a channel's parts; nothing without the feature.
@@ -930,6 +1077,9 @@ where
         closed: Notify::new(),
         #[cfg(feature = "durable")]
         log: parts.log,
+        inbox: parts.take_in.map(|take_in| (Inbox::new(), take_in)),
+        #[cfg(feature = "fault-injection")]
+        always_inbox: std::env::var_os("KEYED_BATCH_INBOX").is_some_and(|v| v == "always"),
     });
     let rx = Rx {
         chan: Arc::clone(&chan),
@@ -974,7 +1124,16 @@ where
         if !self.connected {
             return Err(TrySendError::Closed((input, key, value)));
         }
-        let mut item = Some(self.chan.item(input, key, value));
+        let item = self.chan.item(input, key, value);
+        if self.chan.inbox.is_some() {
+            return self.chan.offer(item).map_err(|item| {
+                let Item {
+                    input, key, value, ..
+                } = item;
+                TrySendError::Closed((input, key, value))
+            });
+        }
+        let mut item = Some(item);
         let mut guard = self.chan.lock();
         let pushed = self
             .chan
@@ -1003,7 +1162,24 @@ where
         if !self.connected {
             return Err(SendError((input, key, value)));
         }
-        let mut item = Some(self.chan.item(input, key, value));
+        let item = self.chan.item(input, key, value);
+        if self.chan.inbox.is_some() {
+            // It never waits for room: it yields only to tokio's cooperative scheduling.
+            let mut item = Some(item);
+            return poll_fn(|cx| {
+                let coop = ready!(coop::poll_proceed(cx));
+                coop.made_progress();
+                let item = item.take().expect("polled once ready");
+                Poll::Ready(self.chan.offer(item).map_err(|item| {
+                    let Item {
+                        input, key, value, ..
+                    } = item;
+                    SendError((input, key, value))
+                }))
+            })
+            .await;
+        }
+        let mut item = Some(item);
         // Our place in line; dropping the future gives it up.
         let mut place = PlaceGuard {
             chan: &*self.chan,
@@ -1327,6 +1503,7 @@ where
         mut take: impl FnMut(&Chan<F, K, V>, &mut State<F, K, V>, u64, Take) -> Vec<T>,
     ) -> Poll<Option<Vec<T>>> {
         let coop = ready!(coop::poll_proceed(cx));
+        let mut looked = 0;
         loop {
             let chan = &*self.chan;
             // Declared before the guard, so that, should user code panic under the lock,
@@ -1355,6 +1532,20 @@ where
                 .receiving
                 .enter(&mut self.waiting, &mut state.next_id, cx.waker());
             let deadline = chan.next_wake(state);
+            if let Some((inbox, _)) = &chan.inbox {
+                // Sends through the inbox wake us if their value is due before this; any
+                // that came before we said so are in the inbox now: take them in first.
+                if !inbox.publish(deadline) {
+                    drop(guard);
+                    looked += 1;
+                    if looked < 4 {
+                        continue;
+                    }
+                    // Producers keep the inbox full: let others run, and look again.
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+            }
             let deadline = deadline.and_then(|at| flavor::instant(chan.epoch, at));
             drop(guard);
             let Some(deadline) = deadline else {
@@ -1522,7 +1713,12 @@ impl<F: Flavor, K, V> Rx<F, K, V> {
     /// the timer: a receiver that is not waiting holds no timer.
     fn stop_waiting(&mut self) {
         if self.waiting.is_some() {
-            self.chan.lock().receiving.leave(&mut self.waiting);
+            let mut guard = self.chan.lock();
+            guard.receiving.leave(&mut self.waiting);
+            if let Some((inbox, _)) = &self.chan.inbox {
+                // The deadline it published may be earlier than any other receiver's.
+                inbox.unpublish();
+            }
         }
         self.timer.disarm();
     }

@@ -1,0 +1,118 @@
+//! The inbox: a lock-free FIFO that sends go through when the channel's lock is taken, so
+//! that a send never waits for the lock. Whoever takes the lock next moves its values into
+//! the queue, in the order they were sent, ranked as of when they were sent.
+//!
+//! # When a channel has one
+//!
+//! Only a channel whose sends need nothing from the locked state: no `capacity`,
+//! `max_weight`, `max_keys`, `max_values_per_key` or `max_key_weight`, and not
+//! acknowledging (or durable). Other channels take the lock on every send, as before; the
+//! choice is made once, when the channel is built.
+//!
+//! # How a send goes in
+//!
+//! A send first tries the lock without waiting. If it gets it, it takes in the inbox and puts
+//! its value in under the lock, exactly as a channel without an inbox does (so `Eq` or `Ord`
+//! of its own key runs in the call, and a panic there is the call's). Only when the lock is
+//! held does the value go into the inbox, with the time it arrived. On one thread the inbox
+//! is therefore never used; with many producers, or a receiver taking a batch, it takes the
+//! values that would have waited for the lock.
+//!
+//! # Waking receivers without the lock
+//!
+//! `earliest` holds the deadline the waiting receivers sleep until (`u64::MAX`: none, or
+//! unknown). A send through the inbox lowers it to its own value's deadline and, if that was
+//! earlier, takes the lock to take the inbox in and wake the receivers: the wake rule of the
+//! locked path, checked without the lock. A receiver about to sleep publishes its deadline,
+//! then looks at the inbox again (a `SeqCst` fence on both sides, Dekker-style): either it
+//! sees the value, or the sender sees its deadline.
+//!
+//! # Closing
+//!
+//! `gate` counts the sends between their check for a close and the end of their push, with
+//! [`CLOSED`] set once the channel closes. A receiver ends its stream only once no send is in
+//! flight and the inbox is empty; a send that finishes after the close takes the lock to
+//! take its value in and wake the receivers.
+
+use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering::SeqCst};
+
+use crossbeam_queue::SegQueue;
+
+use super::Item;
+use crate::flavor::Flavor;
+
+/// The bit of [`Inbox::gate`] set once the channel is closed.
+pub(super) const CLOSED: usize = 1 << (usize::BITS - 1);
+
+/// A value sent through the inbox, with when it arrived (on the channel's clock).
+pub(super) struct Entry<F: Flavor, K, V> {
+    pub(super) item: Item<F, K, V>,
+    pub(super) arrival: u64,
+}
+
+/// See the module docs.
+pub(super) struct Inbox<F: Flavor, K, V> {
+    pub(super) queue: SegQueue<Entry<F, K, V>>,
+    /// The deadline waiting receivers sleep until; `u64::MAX` for none.
+    earliest: AtomicU64,
+    /// Sends in flight, and [`CLOSED`].
+    gate: AtomicUsize,
+}
+
+/// What a send through the inbox must do once its value is in.
+pub(super) struct Pushed {
+    /// Its deadline is earlier than the one the receivers sleep until.
+    pub(super) earlier: bool,
+    /// The channel closed while it was in flight.
+    pub(super) closed: bool,
+}
+
+impl<F: Flavor, K, V> Inbox<F, K, V> {
+    pub(super) fn new() -> Self {
+        Inbox {
+            queue: SegQueue::new(),
+            earliest: AtomicU64::new(u64::MAX),
+            gate: AtomicUsize::new(0),
+        }
+    }
+
+    /// Pushes `entry`, due at `due`; hands it back if the channel is closed.
+    pub(super) fn push(&self, entry: Entry<F, K, V>, due: u64) -> Result<Pushed, Entry<F, K, V>> {
+        if self.gate.fetch_add(1, SeqCst) & CLOSED != 0 {
+            self.gate.fetch_sub(1, SeqCst);
+            return Err(entry);
+        }
+        self.queue.push(entry);
+        // Pairs with the fence in `publish`: either the receiver sees this value in the
+        // queue, or this sees the deadline it sleeps until.
+        fence(SeqCst);
+        let earlier = self.earliest.fetch_min(due, SeqCst) > due;
+        let closed = self.gate.fetch_sub(1, SeqCst) & CLOSED != 0;
+        Ok(Pushed { earlier, closed })
+    }
+
+    /// Publishes the deadline a receiver is about to sleep until (`None`: no deadline);
+    /// `false` if the inbox holds values, which the receiver must take in first.
+    pub(super) fn publish(&self, deadline: Option<u64>) -> bool {
+        self.earliest.store(deadline.unwrap_or(u64::MAX), SeqCst);
+        fence(SeqCst);
+        self.queue.is_empty()
+    }
+
+    /// Forgets the published deadline: a receiver stopped waiting, so the next send wakes
+    /// whoever waits still.
+    pub(super) fn unpublish(&self) {
+        self.earliest.store(u64::MAX, SeqCst);
+    }
+
+    /// Marks the channel closed: sends that have not started fail.
+    pub(super) fn close(&self) {
+        self.gate.fetch_or(CLOSED, SeqCst);
+    }
+
+    /// Whether no send is in flight and the inbox is empty, in that order: a send that
+    /// finished before the first look has its value in the queue by the second.
+    pub(super) fn is_settled(&self) -> bool {
+        self.gate.load(SeqCst) & !CLOSED == 0 && self.queue.is_empty()
+    }
+}

@@ -1,0 +1,215 @@
+//! The inbox path: sends that go through the lock-free inbox instead of the lock, and are
+//! taken in by whoever takes the lock next.
+//!
+//! A send uses the inbox only while the lock is held, which one thread never sees. These
+//! tests make every send use it, with `KEYED_BATCH_INBOX=always` (read when a channel is
+//! built, with the `fault-injection` feature), so that the rules can be checked exactly, in
+//! paused time. Every test in this file sets it, so the tests may run in parallel. The model
+//! test runs over the inbox path the same way:
+//!
+//! ```text
+//! KEYED_BATCH_INBOX=always cargo test --all-features --test model
+//! ```
+#![cfg(feature = "fault-injection")]
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use keyed_batch::error::{TryRecvError, TrySendError};
+use keyed_batch::{ordered, timed};
+use tokio::time::{advance, Instant};
+use tokio_test::task::spawn;
+use tokio_test::{assert_pending, assert_ready};
+
+use common::time::ms;
+use common::touchy::{arm, disarm, panics, Touchy, What};
+
+/// Every send in this test binary goes through the inbox.
+fn inbox_always() {
+    // Edition 2021: `set_var` is safe; every test sets the same value.
+    std::env::set_var("KEYED_BATCH_INBOX", "always");
+}
+
+/// A value is due a window after it was sent, not after it was taken in: a receiver that
+/// looks late takes the first key at 1 s and the second at 1.6 s.
+#[tokio::test(start_paused = true)]
+async fn due_a_window_after_send() {
+    inbox_always();
+    let (tx, mut rx) = timed::channel::<&str, u32>(ms(1000));
+    tx.try_send("a", 1).unwrap();
+    advance(ms(600)).await;
+    tx.try_send("b", 2).unwrap();
+    advance(ms(399)).await;
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    advance(ms(1)).await;
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1])]));
+    advance(ms(599)).await;
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    advance(ms(1)).await;
+    assert_eq!(rx.try_recv(), Ok(vec![("b", vec![2])]));
+}
+
+/// `len`, `stats` and `drain_now` count and take values still in the inbox, in the order
+/// they were sent.
+#[tokio::test(start_paused = true)]
+async fn len_stats_and_drain_see_the_inbox() {
+    inbox_always();
+    let (tx, mut rx) = timed::channel::<u8, u32>(ms(1000));
+    for v in 0..6 {
+        tx.send(v as u8 % 2, v).await.unwrap();
+    }
+    assert_eq!(tx.len(), 6);
+    assert_eq!(rx.len(), 6);
+    let stats = rx.stats();
+    assert_eq!(
+        (stats.pending_values, stats.pending_keys, stats.sent),
+        (6, 2, 6)
+    );
+    assert_eq!(
+        rx.drain_now(),
+        vec![vec![(0, vec![0, 2, 4]), (1, vec![1, 3, 5])]]
+    );
+    assert!(rx.is_empty());
+}
+
+/// A waiting receiver is woken by a send whose value is due before its timer, and by no
+/// other: the wake rule of the locked path, checked without the lock.
+#[tokio::test(start_paused = true)]
+async fn wakes_only_for_an_earlier_deadline() {
+    inbox_always();
+    let (tx, rx) = timed::channel::<&str, u32>(ms(100));
+    let mut rx = rx;
+    let mut recv = spawn(async move {
+        let batch = rx.recv().await;
+        (batch, rx)
+    });
+    assert_pending!(recv.poll());
+
+    // The first value: the receiver had no deadline.
+    tx.try_send("a", 1).unwrap();
+    assert!(recv.is_woken());
+    assert_pending!(recv.poll());
+
+    // Due later than "a": no wake.
+    advance(ms(10)).await;
+    tx.try_send("b", 2).unwrap();
+    assert!(!recv.is_woken());
+
+    // Due sooner than "a", by `send_by`: woken.
+    tx.send_by("c", 3, Instant::now() + ms(20)).await.unwrap();
+    assert!(recv.is_woken());
+    assert_pending!(recv.poll());
+
+    advance(ms(20)).await;
+    assert!(recv.is_woken());
+    let (batch, mut rx) = assert_ready!(recv.poll());
+    assert_eq!(batch, Some(vec![("c", vec![3])]));
+    advance(ms(100)).await;
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1]), ("b", vec![2])]));
+}
+
+/// Closing takes the inbox in: every value whose send returned is delivered, then the
+/// stream ends; later sends fail and hand the value back.
+#[tokio::test(start_paused = true)]
+async fn close_delivers_the_inbox() {
+    inbox_always();
+    let (tx, mut rx) = timed::channel::<&str, u32>(Duration::from_secs(3600));
+    tx.try_send("a", 1).unwrap();
+    tx.try_send("b", 2).unwrap();
+    tx.try_send("a", 3).unwrap();
+    rx.close();
+    assert!(matches!(tx.try_send("a", 4), Err(TrySendError::Closed(_))));
+    assert_eq!(
+        rx.recv().await,
+        Some(vec![("a", vec![1, 3]), ("b", vec![2])])
+    );
+    assert_eq!(rx.recv().await, None);
+
+    let (tx, mut rx) = ordered::channel::<u32, &str, u32>();
+    tx.try_send(2, "x", 1).unwrap();
+    tx.try_send(1, "y", 2).unwrap();
+    drop(tx);
+    assert_eq!(rx.recv().await, Some(vec![("y", vec![2]), ("x", vec![1])]));
+    assert_eq!(rx.recv().await, None);
+}
+
+/// A key whose `Eq` panics while the inbox is taken in loses that value only: the call that
+/// took it in goes on, every other value goes in, and the loss is counted.
+#[tokio::test(start_paused = true)]
+async fn eq_panic_in_the_inbox_loses_that_value_only() {
+    inbox_always();
+    let (tx, mut rx) = timed::channel::<Touchy, u32>(ms(10));
+    tx.try_send(Touchy(7), 70).unwrap();
+    assert_eq!(rx.len(), 1);
+    tx.try_send(Touchy(1), 10).unwrap();
+    tx.try_send(Touchy(7), 71).unwrap();
+    tx.try_send(Touchy(2), 20).unwrap();
+    arm(7, &[What::Eq]);
+    // Taking the inbox in compares the second 7 with the pending one: that panics, and is
+    // caught.
+    assert!(!panics(|| rx.len()));
+    disarm();
+    assert_eq!(rx.len(), 3);
+    assert_eq!(rx.stats().lost, 1);
+    advance(ms(10)).await;
+    let got: Vec<(u32, Vec<u32>)> = rx
+        .try_recv()
+        .unwrap()
+        .into_iter()
+        .map(|(k, v)| (k.0, v))
+        .collect();
+    assert_eq!(got, vec![(7, vec![70]), (1, vec![10]), (2, vec![20])]);
+}
+
+/// Many producers on many threads, every send through the inbox: each value comes out once,
+/// and each producer's values for a key in the order it sent them.
+#[test]
+fn many_producers_keep_order() {
+    inbox_always();
+    const PRODUCERS: u32 = 4;
+    const EACH: u32 = 20_000;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let (tx, mut rx) = timed::channel::<u32, (u32, u32)>(Duration::ZERO);
+        let mut producers = Vec::new();
+        for p in 0..PRODUCERS {
+            let tx = tx.clone();
+            producers.push(tokio::spawn(async move {
+                for i in 0..EACH {
+                    tx.send(i % 16, (p, i)).await.unwrap();
+                }
+            }));
+        }
+        drop(tx);
+        let consumer = tokio::spawn(async move {
+            let mut last: HashMap<(u32, u32), u32> = HashMap::new();
+            let mut count = 0;
+            while let Some(batch) = rx.recv().await {
+                for (key, values) in batch {
+                    for (p, i) in values {
+                        assert_eq!(i % 16, key);
+                        if let Some(prev) = last.insert((key, p), i) {
+                            assert!(prev < i, "key {key}: {p}'s {i} after {prev}");
+                        }
+                        count += 1;
+                    }
+                }
+            }
+            count
+        });
+        for producer in producers {
+            producer.await.unwrap();
+        }
+        let count = tokio::time::timeout(Duration::from_secs(30), consumer)
+            .await
+            .expect("the stream ends once every sender is gone")
+            .unwrap();
+        assert_eq!(count, PRODUCERS * EACH);
+    });
+}
