@@ -25,7 +25,9 @@
 //! earlier, takes the lock to take the inbox in and wake the receivers: the wake rule of the
 //! locked path, checked without the lock. A receiver about to sleep publishes its deadline,
 //! then looks at the inbox again (a `SeqCst` fence on both sides, Dekker-style): either it
-//! sees the value, or the sender sees its deadline.
+//! sees the value, or the sender sees its deadline. What it sees there it takes in once,
+//! and lowers its deadline if need be; it never loops, so producers that keep the inbox
+//! busy cannot keep a receiver awake.
 //!
 //! # Closing
 //!
@@ -92,11 +94,19 @@ impl<F: Flavor, K, V> Inbox<F, K, V> {
     }
 
     /// Publishes the deadline a receiver is about to sleep until (`None`: no deadline);
-    /// `false` if the inbox holds values, which the receiver must take in first.
+    /// `false` if the inbox holds values, which the receiver must take in once.
     pub(super) fn publish(&self, deadline: Option<u64>) -> bool {
         self.earliest.store(deadline.unwrap_or(u64::MAX), SeqCst);
+        // Pairs with the fence in `push`.
         fence(SeqCst);
         self.queue.is_empty()
+    }
+
+    /// Lowers the published deadline to `deadline`, once the values that were in the inbox
+    /// when it was published are taken in.
+    pub(super) fn lower(&self, deadline: Option<u64>) {
+        self.earliest
+            .fetch_min(deadline.unwrap_or(u64::MAX), SeqCst);
     }
 
     /// Forgets the published deadline: a receiver stopped waiting, so the next send wakes

@@ -63,7 +63,10 @@ pub(crate) struct Chan<F: Flavor, K, V> {
     log: Option<crate::durable::Attached<F, K, V>>,
     /// Where sends go while the lock is taken, in a channel whose sends need nothing from
     /// the locked state; with the function that takes it in under the lock.
-    inbox: Option<WithInbox<F, K, V>>,
+    ///
+    /// Boxed: the queue's cache-padded ends would otherwise align the whole channel to 128
+    /// bytes, and move the fields every send touches.
+    inbox: Option<Box<WithInbox<F, K, V>>>,
     /// Every send goes through the inbox, even with the lock free: for this crate's tests
     /// (`KEYED_BATCH_INBOX=always`, with the `fault-injection` feature), so that one thread
     /// can drive the inbox path.
@@ -417,7 +420,7 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
             spare_values: Vec::new(),
             notify_closed: false,
         };
-        if let Some((_, take_in)) = &self.inbox {
+        if let Some((_, take_in)) = self.inbox.as_deref() {
             take_in(self, &mut guard);
         }
         guard
@@ -493,7 +496,7 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
             return false;
         }
         guard.closed_at = Some(self.now());
-        if let Some((inbox, _)) = &self.inbox {
+        if let Some((inbox, _)) = self.inbox.as_deref() {
             inbox.close();
         }
         // Waiting receivers now have the whole queue due; waiting senders now fail.
@@ -718,7 +721,7 @@ where
     /// takes the inbox in (any call that takes the lock) did not send it. Every other value
     /// goes in, and nothing deadlocks, since the lock is not poisoned.
     fn take_in(&self, guard: &mut Guard<'_, F, K, V>) {
-        let Some((inbox, _)) = &self.inbox else {
+        let Some((inbox, _)) = self.inbox.as_deref() else {
             return;
         };
         if guard.receivers == 0 {
@@ -746,7 +749,7 @@ where
     /// if no one holds it, else through the inbox. Hands the item back if the channel is
     /// closed.
     fn offer(&self, item: Item<F, K, V>) -> Result<(), Item<F, K, V>> {
-        let (inbox, _) = self.inbox.as_ref().expect("a channel with an inbox");
+        let (inbox, _) = self.inbox.as_deref().expect("a channel with an inbox");
         #[cfg(feature = "fault-injection")]
         let try_lock = !self.always_inbox;
         #[cfg(not(feature = "fault-injection"))]
@@ -910,10 +913,7 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
     /// delivery is in flight.
     fn is_drained(&self, state: &State<F, K, V>) -> bool {
         let in_flight = state.acked.as_ref().is_some_and(|a| a.in_flight() > 0);
-        let settled = self
-            .inbox
-            .as_ref()
-            .is_none_or(|(inbox, _)| inbox.is_settled());
+        let settled = self.inbox.as_ref().is_none_or(|with| with.0.is_settled());
         state.closed_at.is_some() && state.queue.is_empty() && !in_flight && settled
     }
 
@@ -1077,7 +1077,9 @@ where
         closed: Notify::new(),
         #[cfg(feature = "durable")]
         log: parts.log,
-        inbox: parts.take_in.map(|take_in| (Inbox::new(), take_in)),
+        inbox: parts
+            .take_in
+            .map(|take_in| Box::new((Inbox::new(), take_in))),
         #[cfg(feature = "fault-injection")]
         always_inbox: std::env::var_os("KEYED_BATCH_INBOX").is_some_and(|v| v == "always"),
     });
@@ -1503,7 +1505,6 @@ where
         mut take: impl FnMut(&Chan<F, K, V>, &mut State<F, K, V>, u64, Take) -> Vec<T>,
     ) -> Poll<Option<Vec<T>>> {
         let coop = ready!(coop::poll_proceed(cx));
-        let mut looked = 0;
         loop {
             let chan = &*self.chan;
             // Declared before the guard, so that, should user code panic under the lock,
@@ -1531,19 +1532,27 @@ where
             state
                 .receiving
                 .enter(&mut self.waiting, &mut state.next_id, cx.waker());
-            let deadline = chan.next_wake(state);
-            if let Some((inbox, _)) = &chan.inbox {
-                // Sends through the inbox wake us if their value is due before this; any
-                // that came before we said so are in the inbox now: take them in first.
+            let mut deadline = chan.next_wake(state);
+            if let Some((inbox, _)) = chan.inbox.as_deref() {
+                // Sends through the inbox wake us if their value is due before this. A send
+                // that looked before we said so, at an earlier deadline we had published,
+                // and did not wake us, has its value in the inbox now: take those in once.
+                // Their deadlines can only lower ours, and lowering needs no second look:
+                // a send that looked in between saw this deadline, or woke us itself.
                 if !inbox.publish(deadline) {
-                    drop(guard);
-                    looked += 1;
-                    if looked < 4 {
+                    chan.take_in(&mut guard);
+                    let closed = guard.closed_at.is_some();
+                    if guard
+                        .queue
+                        .fronts()
+                        .any(|rank| closed || F::is_due(rank, now))
+                    {
+                        // Due now: take it.
+                        drop(guard);
                         continue;
                     }
-                    // Producers keep the inbox full: let others run, and look again.
-                    cx.waker().wake_by_ref();
-                    return Poll::Pending;
+                    deadline = chan.next_wake(&guard);
+                    inbox.lower(deadline);
                 }
             }
             let deadline = deadline.and_then(|at| flavor::instant(chan.epoch, at));
@@ -1715,7 +1724,7 @@ impl<F: Flavor, K, V> Rx<F, K, V> {
         if self.waiting.is_some() {
             let mut guard = self.chan.lock();
             guard.receiving.leave(&mut self.waiting);
-            if let Some((inbox, _)) = &self.chan.inbox {
+            if let Some((inbox, _)) = self.chan.inbox.as_deref() {
                 // The deadline it published may be earlier than any other receiver's.
                 inbox.unpublish();
             }
