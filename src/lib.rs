@@ -215,6 +215,17 @@
 //! `max_batch_weight`, when they do not. `drain_now` hands over the batches it took before
 //! such a panic, and panics only if it took none.
 //!
+//! The exception is a send that finds the lock held. In a channel with none of `capacity`,
+//! `max_weight`, `max_keys`, `max_values_per_key` and `max_key_weight`, and that does not
+//! acknowledge, such a send does not wait for the lock: it leaves its value, with the time
+//! it arrived, in an inbox of about 4,096 values (a send that finds the inbox full waits
+//! for the lock). The next call that takes the lock, on any
+//! handle, puts the inbox's values in first, and `Eq` of their keys (in `ordered`, `Ord` of
+//! their sort keys too) runs in that call. A value whose user code panics there is dropped
+//! and counted in [`Stats::lost`](stats::Stats::lost); that call does not panic, and every
+//! other value goes in. On one thread the lock is never held by another, so this never
+//! happens there.
+//!
 //! User code that runs under the lock is exactly this: `Eq` of keys (when a value goes in,
 //! or a key is flushed), `Clone` of a key that a batch splits (in an acknowledging channel,
 //! of every key delivered, since its slot stays), and in `ordered`, `Ord` and `Clone` of

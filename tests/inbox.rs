@@ -163,6 +163,27 @@ async fn eq_panic_in_the_inbox_loses_that_value_only() {
     assert_eq!(got, vec![(7, vec![70]), (1, vec![10]), (2, vec![20])]);
 }
 
+/// A send that finds the inbox full goes in under the lock, after what the inbox holds: no
+/// send is refused for it, and a key's values stay in the order they were sent.
+#[tokio::test(start_paused = true)]
+async fn a_full_inbox_sends_under_the_lock() {
+    inbox_always();
+    // More than the inbox holds (4,096), with no receiver looking meanwhile.
+    const SENT: u32 = 10_000;
+    let (tx, mut rx) = timed::channel::<u32, u32>(ms(10));
+    for v in 0..SENT {
+        tx.try_send(v % 3, v).unwrap();
+    }
+    assert_eq!(rx.len(), SENT as usize);
+    advance(ms(10)).await;
+    let batch = rx.try_recv().unwrap();
+    for (key, values) in &batch {
+        let want: Vec<u32> = (0..SENT).filter(|v| v % 3 == *key).collect();
+        assert_eq!(values, &want, "key {key}");
+    }
+    assert_eq!(batch.len(), 3);
+}
+
 /// Many producers on many threads, every send through the inbox: each value comes out once,
 /// and each producer's values for a key in the order it sent them.
 #[test]

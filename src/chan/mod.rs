@@ -3,16 +3,15 @@
 //!
 //! The state lives under one mutex. Outside it are each receiver's own timer, the
 //! `Notify` that `closed()` waits on, which is notified once, on close, and, in a channel
-//! without per-key or room limits, the [`inbox`] that sends go through while the lock is
-//! taken. Whoever takes the lock takes the inbox in first (see [`Chan::lock`]), so every
-//! locked operation sees every value whose send returned. Wakers, and keys and
+//! without per-key or room limits, the [`inbox`] that sends go through while another thread
+//! holds the lock. Whoever takes the lock takes the inbox in first (see [`Chan::lock`]), so
+//! every locked operation sees every value whose send returned. Wakers, and keys and
 //! ranks whose `Drop` is user code, are collected while the lock is held and released after
 //! it is: see [`Guard`].
 
 use std::collections::{HashSet, VecDeque};
 use std::future::{poll_fn, Future};
 use std::hash::{BuildHasher, Hash};
-use std::iter;
 use std::mem;
 use std::ops::{Deref, DerefMut};
 use std::panic::{self, AssertUnwindSafe};
@@ -33,7 +32,7 @@ use crate::flavor::{self, Clock, Flavor, Joining, Reason};
 use crate::queue::{Inserted, Items, Returned, Run, SortedQueue};
 
 use self::acked::Acked;
-use self::inbox::{Entry, Inbox};
+use self::inbox::{Entry, Inbox, Rejected};
 
 mod acked;
 #[cfg(feature = "durable")]
@@ -61,8 +60,8 @@ pub(crate) struct Chan<F: Flavor, K, V> {
     /// A durable channel's log.
     #[cfg(feature = "durable")]
     log: Option<crate::durable::Attached<F, K, V>>,
-    /// Where sends go while the lock is taken, in a channel whose sends need nothing from
-    /// the locked state; with the function that takes it in under the lock.
+    /// Where sends go while another thread holds the lock, in a channel whose sends need
+    /// nothing from the locked state; with the function that takes it in under the lock.
     ///
     /// Boxed: the queue's cache-padded ends would otherwise align the whole channel to 128
     /// bytes, and move the fields every send touches.
@@ -75,7 +74,9 @@ pub(crate) struct Chan<F: Flavor, K, V> {
 }
 
 /// Takes the inbox in under the lock: [`Chan::take_in`], made where its bounds are known.
-type TakeIn<F, K, V> = for<'a, 'b> fn(&'a Chan<F, K, V>, &'b mut Guard<'a, F, K, V>);
+/// It is handed the state, not a [`Guard`]: a guard whose address went to a call when the
+/// lock is taken, made or not, cost every send a third of its time on one thread.
+type TakeIn<F, K, V> = fn(&Chan<F, K, V>, &mut State<F, K, V>);
 
 /// An inbox, and how to take it in.
 type WithInbox<F, K, V> = (Inbox<F, K, V>, TakeIn<F, K, V>);
@@ -113,7 +114,20 @@ struct State<F: Flavor, K, V> {
     held_weight: usize,
     /// An acknowledging channel's bookkeeping; `None` for a plain one.
     acked: Option<Box<Acked<F, K, V>>>,
+    /// Keys and ranks that values taken in from the inbox did not need, to drop once the
+    /// lock is released. Here rather than in [`Guard`], which every call moves: one more
+    /// `Vec` there made it too big to move without a `memcpy` call.
+    inbox_spares: Vec<Spare<F, K>>,
+    /// Values sent through the inbox after the last receiver went, to drop once the lock
+    /// is released.
+    inbox_lost: Vec<Entry<F, K, V>>,
+    /// A value taken in from the inbox leads the queue: the receivers must look again.
+    inbox_leads: bool,
 }
+
+/// A key or rank that a value going in did not need: it is dropped once the lock is
+/// released, since its `Drop` is user code.
+type Spare<F, K> = (Option<K>, Option<<F as Flavor>::Rank>);
 
 /// Running totals for [`Stats`].
 #[derive(Default)]
@@ -222,9 +236,7 @@ struct Guard<'a, F: Flavor, K, V> {
     state: Option<MutexGuard<'a, State<F, K, V>>>,
     wakes: Vec<Waker>,
     /// A key or rank that a send did not need.
-    spare: (Option<K>, Option<F::Rank>),
-    /// Those of the values taken in from the inbox.
-    spares: Vec<(Option<K>, Option<F::Rank>)>,
+    spare: Spare<F, K>,
     /// Values no one can receive any more.
     spare_values: Vec<V>,
     /// Whether to notify `closed()` calls.
@@ -262,10 +274,16 @@ impl<F: Flavor, K, V> Drop for Guard<'_, F, K, V> {
             true => state.queue.take_trash(),
             false => Vec::new(),
         };
+        let spares = mem::take(&mut state.inbox_spares);
+        let lost = mem::take(&mut state.inbox_lost);
+        if mem::take(&mut state.inbox_leads) {
+            state.receiving.wake_all(&mut self.wakes);
+        }
         drop(state);
         drop(trash);
+        drop(spares);
+        drop(lost);
         self.spare = (None, None);
-        self.spares = Vec::new();
         self.spare_values = Vec::new();
         self.wakes.drain(..).for_each(Waker::wake);
         if self.notify_closed {
@@ -410,20 +428,35 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
         Some(self.guard(state))
     }
 
-    fn guard<'a>(&'a self, state: MutexGuard<'a, State<F, K, V>>) -> Guard<'a, F, K, V> {
-        let mut guard = Guard {
+    /// The guard of the locked `state`, with the inbox taken in.
+    #[inline(always)]
+    fn guard<'a>(&'a self, mut state: MutexGuard<'a, State<F, K, V>>) -> Guard<'a, F, K, V> {
+        if let Some((inbox, take_in)) = self.inbox.as_deref() {
+            if !inbox.is_empty() {
+                take_in(self, &mut state);
+            }
+        }
+        Guard {
             chan: self,
             state: Some(state),
             wakes: Vec::new(),
             spare: (None, None),
-            spares: Vec::new(),
             spare_values: Vec::new(),
             notify_closed: false,
-        };
-        if let Some((_, take_in)) = self.inbox.as_deref() {
-            take_in(self, &mut guard);
         }
-        guard
+    }
+
+    /// The lock for a send that holds no place in a line, or `None` if it is to go through
+    /// the inbox instead: the channel has one, and another thread holds the lock.
+    fn lock_to_send(&self) -> Option<Guard<'_, F, K, V>> {
+        if self.inbox.is_none() {
+            return Some(self.lock());
+        }
+        #[cfg(feature = "fault-injection")]
+        if self.always_inbox {
+            return None;
+        }
+        self.try_lock()
     }
 
     fn now(&self) -> u64 {
@@ -672,18 +705,23 @@ where
 
     /// Puts a value that was let in into the queue.
     fn insert_item(&self, guard: &mut Guard<'_, F, K, V>, item: Item<F, K, V>) {
-        self.insert_item_at(guard, item, None);
+        let (spare, leads) = self.insert_at(guard, item, None);
+        guard.spare = spare;
+        if leads {
+            guard.wake_receivers();
+        }
     }
 
     /// Puts a value into the queue, ranked as of `arrival` if given (a value from the
-    /// inbox), else as of now.
-    fn insert_item_at(
+    /// inbox), else as of now. Returns the key or rank it did not need, and whether it
+    /// leads the queue now.
+    #[inline(always)]
+    fn insert_at(
         &self,
-        guard: &mut Guard<'_, F, K, V>,
+        state: &mut State<F, K, V>,
         item: Item<F, K, V>,
         arrival: Option<u64>,
-    ) {
-        let state = &mut **guard;
+    ) -> (Spare<F, K>, bool) {
         let Item {
             input,
             hash,
@@ -708,10 +746,7 @@ where
         let arrival = inserted.new_run.map(|run| (run, clock.now()));
         state.arrivals.extend(arrival);
         state.counts.sent += 1;
-        guard.spare = (inserted.spare_key, inserted.spare_rank);
-        if inserted.leads {
-            guard.wake_receivers();
-        }
+        ((inserted.spare_key, inserted.spare_rank), inserted.leads)
     }
 
     /// Takes the inbox in: puts its values into the queue, in the order they were sent.
@@ -720,62 +755,61 @@ where
     /// in them is dropped and counted as lost, and the panic goes no further: the call that
     /// takes the inbox in (any call that takes the lock) did not send it. Every other value
     /// goes in, and nothing deadlocks, since the lock is not poisoned.
-    fn take_in(&self, guard: &mut Guard<'_, F, K, V>) {
+    fn take_in(&self, state: &mut State<F, K, V>) {
         let Some((inbox, _)) = self.inbox.as_deref() else {
             return;
         };
-        if guard.receivers == 0 {
-            // No one can receive them: they go with the channel, outside any lock.
+        if state.receivers == 0 {
+            // Sent as the last receiver went: no one can receive them. They are lost, as
+            // the values pending then were, and dropped after the lock.
+            let lost = inbox.take();
+            let before = state.inbox_lost.len();
+            state.inbox_lost.extend(lost);
+            state.counts.lost += (state.inbox_lost.len() - before) as u64;
             return;
         }
-        // Only what is there now: producers that keep pushing must not keep the lock holder
-        // here for ever. What they push meanwhile was sent after this call began.
-        let present = inbox.queue.len();
-        for Entry { item, arrival } in iter::from_fn(|| inbox.queue.pop()).take(present) {
+        for Entry { item, arrival } in inbox.take() {
             let put = panic::catch_unwind(AssertUnwindSafe(|| {
-                self.insert_item_at(guard, item, Some(arrival));
+                self.insert_at(state, item, Some(arrival))
             }));
-            let spare = mem::take(&mut guard.spare);
-            if spare.0.is_some() || spare.1.is_some() {
-                guard.spares.push(spare);
-            }
-            if put.is_err() {
-                guard.counts.lost += 1;
+            match put {
+                Ok((spare, leads)) => {
+                    state.inbox_leads |= leads;
+                    if spare.0.is_some() || spare.1.is_some() {
+                        state.inbox_spares.push(spare);
+                    }
+                }
+                Err(_) => state.counts.lost += 1,
             }
         }
     }
 
-    /// Sends `item` on a channel with an inbox, which never waits for room: under the lock
-    /// if no one holds it, else through the inbox. Hands the item back if the channel is
-    /// closed.
-    fn offer(&self, item: Item<F, K, V>) -> Result<(), Item<F, K, V>> {
+    /// Sends `item` through the inbox, ranked as of now; under the lock, once it is free,
+    /// if the inbox is full. Hands it back if the channel is closed.
+    #[inline(never)]
+    fn through_inbox(&self, item: Item<F, K, V>) -> Result<(), Item<F, K, V>> {
         let (inbox, _) = self.inbox.as_deref().expect("a channel with an inbox");
-        #[cfg(feature = "fault-injection")]
-        let try_lock = !self.always_inbox;
-        #[cfg(not(feature = "fault-injection"))]
-        let try_lock = true;
-        if let Some(mut guard) = try_lock.then(|| self.try_lock()).flatten() {
-            let mut item = Some(item);
-            let pushed = self.try_push(&mut guard, &mut item, &mut None, Push::Now);
-            drop(guard);
-            return match pushed {
-                Ok(_) => Ok(()),
-                Err(_) => Err(item.expect("a refused item")),
-            };
-        }
         // The arrival is now: the value is due a window after this, whenever it is taken in.
         let arrival = self.now();
         let due = F::due_alone(&item.input, arrival, self.epoch, &self.config);
-        match inbox.push(Entry { item, arrival }, due) {
-            Err(entry) => Err(entry.item),
-            Ok(pushed) => {
-                if pushed.earlier || pushed.closed {
-                    // Taking the lock takes the value in; the receivers then look again.
-                    self.lock().wake_receivers();
-                }
-                Ok(())
+        let pushed = match inbox.push(Entry { item, arrival }, due) {
+            Ok(pushed) => pushed,
+            Err(Rejected::Closed(entry)) => return Err(entry.item),
+            Err(Rejected::Full(entry)) => {
+                // As in a channel without an inbox: the lock takes the inbox in first.
+                let mut item = Some(entry.item);
+                let mut guard = self.lock();
+                return match self.try_push(&mut guard, &mut item, &mut None, Push::Now) {
+                    Ok(_) => Ok(()),
+                    Err(_) => Err(item.take().expect("a refused item")),
+                };
             }
+        };
+        if pushed.earlier || pushed.closed {
+            // Taking the lock takes the value in; the receivers then look again.
+            self.lock().wake_receivers();
         }
+        Ok(())
     }
 
     /// Sends `item`, waiting for room: the core of `send`.
@@ -790,7 +824,20 @@ where
         // sends are always ready must still yield now and then, or on a runtime whose
         // workers all produce, the timer that wakes receivers is never driven.
         let coop = ready!(coop::poll_proceed(cx));
-        let mut guard = self.lock();
+        let guard = match place {
+            Some(_) => Some(self.lock()),
+            None => self.lock_to_send(),
+        };
+        let Some(mut guard) = guard else {
+            coop.made_progress();
+            let item = item.take().expect("an item to send");
+            return Poll::Ready(match self.through_inbox(item) {
+                Ok(()) => Ok(Pushed::In),
+                Err(Item {
+                    input, key, value, ..
+                }) => Err(SendError((input, key, value))),
+            });
+        };
         let line = match self.try_push(&mut guard, item, place, push) {
             Ok(pushed) => {
                 coop.made_progress();
@@ -987,7 +1034,7 @@ where
     ]
     .iter()
     .all(|limit| *limit == usize::MAX);
-    let take_in: TakeIn<F, K, V> = |chan, guard| chan.take_in(guard);
+    let take_in: TakeIn<F, K, V> = |chan, state| chan.take_in(state);
     // Deadlines before the epoch count as the epoch (they are all due), so take it as late
     // as we can: now, not when the builder was made.
     let parts = Parts {
@@ -1069,6 +1116,9 @@ where
             acked: parts
                 .acked
                 .then(|| Box::new(Acked::new(config.max_attempts))),
+            inbox_spares: Vec::new(),
+            inbox_lost: Vec::new(),
+            inbox_leads: false,
         }),
         config,
         epoch: parts.epoch,
@@ -1126,17 +1176,16 @@ where
         if !self.connected {
             return Err(TrySendError::Closed((input, key, value)));
         }
-        let item = self.chan.item(input, key, value);
-        if self.chan.inbox.is_some() {
-            return self.chan.offer(item).map_err(|item| {
+        let mut item = Some(self.chan.item(input, key, value));
+        let Some(mut guard) = self.chan.lock_to_send() else {
+            let item = item.take().expect("an item to send");
+            return self.chan.through_inbox(item).map_err(|item| {
                 let Item {
                     input, key, value, ..
                 } = item;
                 TrySendError::Closed((input, key, value))
             });
-        }
-        let mut item = Some(item);
-        let mut guard = self.chan.lock();
+        };
         let pushed = self
             .chan
             .try_push(&mut guard, &mut item, &mut None, Push::Now);
@@ -1164,24 +1213,7 @@ where
         if !self.connected {
             return Err(SendError((input, key, value)));
         }
-        let item = self.chan.item(input, key, value);
-        if self.chan.inbox.is_some() {
-            // It never waits for room: it yields only to tokio's cooperative scheduling.
-            let mut item = Some(item);
-            return poll_fn(|cx| {
-                let coop = ready!(coop::poll_proceed(cx));
-                coop.made_progress();
-                let item = item.take().expect("polled once ready");
-                Poll::Ready(self.chan.offer(item).map_err(|item| {
-                    let Item {
-                        input, key, value, ..
-                    } = item;
-                    SendError((input, key, value))
-                }))
-            })
-            .await;
-        }
-        let mut item = Some(item);
+        let mut item = Some(self.chan.item(input, key, value));
         // Our place in line; dropping the future gives it up.
         let mut place = PlaceGuard {
             chan: &*self.chan,
@@ -1271,7 +1303,16 @@ where
         }
         let coop = ready!(coop::poll_proceed(cx));
         let chan = &*self.chan;
-        let mut guard = chan.lock();
+        let Some(mut guard) = chan.lock_to_send() else {
+            coop.made_progress();
+            let item = sink.take().expect("a value to send");
+            return Poll::Ready(chan.through_inbox(item).map_err(|item| {
+                let Item {
+                    input, key, value, ..
+                } = item;
+                SendError(Some((input, key, value)))
+            }));
+        };
         let pushed = chan.try_push(&mut guard, sink, &mut None, Push::Now);
         if let Err(Blocked::Wait(_)) = pushed {
             let state = &mut *guard;
