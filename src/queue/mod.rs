@@ -93,6 +93,8 @@ pub struct SortedQueue<R, K, V> {
     unsplittable: Vec<Run>,
     /// Held slots with no values (see [`take_held`](Self::take_held)).
     held_empty: usize,
+    /// The last batch's plan, emptied: kept so that planning the next one allocates nothing.
+    plans: Vec<Share<R, K>>,
 }
 
 /// How much a [`SortedQueue`] holds without allocating: see [`SortedQueue::capacity`].
@@ -355,6 +357,7 @@ impl<R: Ord, K, V> SortedQueue<R, K, V> {
             next_id: 0,
             unsplittable: Vec::new(),
             held_empty: 0,
+            plans: Vec::new(),
         }
     }
 }
@@ -625,7 +628,9 @@ where
         is_due: impl FnMut(&R) -> bool,
     ) -> Vec<(K, Vec<V>)> {
         let mut batch = Vec::new();
-        self.take(max_values, max_weight, is_due, false, |taken| {
+        self.take(max_values, max_weight, is_due, false, |taken, keys| {
+            // Sized once, for every key of the batch.
+            batch.reserve_exact(keys);
             batch.push((taken.key, taken.front.values))
         });
         batch
@@ -643,27 +648,29 @@ where
         max_values: usize,
         max_weight: usize,
         is_due: impl FnMut(&R) -> bool,
-        out: impl FnMut(Taken<R, K, V>),
+        mut out: impl FnMut(Taken<R, K, V>),
     ) {
-        self.take(max_values, max_weight, is_due, true, out);
+        self.take(max_values, max_weight, is_due, true, |taken, _| out(taken));
     }
 
-    /// Plans a batch, then moves it into `out`, key by key.
+    /// Plans a batch, then moves it into `out`, key by key, with the number of keys left
+    /// (this one included).
     fn take(
         &mut self,
         max_values: usize,
         max_weight: usize,
         is_due: impl FnMut(&R) -> bool,
         hold: bool,
-        mut out: impl FnMut(Taken<R, K, V>),
+        mut out: impl FnMut(Taken<R, K, V>, usize),
     ) {
         self.repair();
         // Plan first, then move: every call into user code (`Ord` in the heap, `K::clone`
         // for a split or held key, `R::clone` for a held key) happens while the plan is
         // made, so a panic there leaves every value in its slot. Only the index can be left
         // torn, and `repair` mends it.
-        let plan = self.plan(max_values, max_weight, is_due, hold);
-        for share in plan {
+        let mut plan = self.plan(max_values, max_weight, is_due, hold);
+        let planned = plan.len();
+        for (left, share) in (1..=planned).rev().zip(plan.drain(..)) {
             // Removing planned slots moves no other slot, but check the id all the same.
             let entry = match self.slots.get_bucket_entry(share.bucket) {
                 Ok(entry) if entry.get().ticket == share.id => entry,
@@ -736,8 +743,14 @@ where
                     }
                 }
             };
-            out(taken);
+            out(taken, left);
         }
+        // Kept for the next batch, and given back, as the index is, once mostly unused: a
+        // plan that outlives a burst would hold a slot's worth of bytes per key.
+        if plan.capacity() > SMALL && planned * 8 < plan.capacity() {
+            plan.shrink_to(planned * 2);
+        }
+        self.plans = plan;
         self.shrink();
     }
 
@@ -750,10 +763,11 @@ where
         mut is_due: impl FnMut(&R) -> bool,
         hold: bool,
     ) -> Vec<Share<R, K>> {
+        let plans = std::mem::take(&mut self.plans);
         let slots = &self.slots;
         let unsplittable = &mut self.unsplittable;
         let planned = self.index.guard(|index| {
-            let mut plan: Vec<Share<R, K>> = Vec::new();
+            let mut plan = plans;
             let (mut room, mut room_weight) = (max_values, max_weight);
             while room > 0 {
                 let Some(side) = index.front_side() else {
