@@ -79,6 +79,10 @@
 //! when the earliest deadline moves earlier (a key is due at once, say), or when the
 //! channel closes, so a receiver waiting on a quiet channel is not woken at all.
 //!
+//! A channel with an inbox (see *Panics in user code*) adds one wake: after a waiting
+//! receiver stops waiting (its `recv` dropped, say), the next send that goes through the
+//! inbox wakes the other waiting receivers once, whatever its deadline.
+//!
 //! With cloned receivers, each of these events, and each deadline, wakes every waiting
 //! receiver, and one of them takes the batch: with `n` receivers waiting, a batch costs up
 //! to `n` wakes. In return no receiver depends on another: one that waits and is then never
@@ -217,14 +221,18 @@
 //!
 //! The exception is a send that finds the lock held. In a channel with none of `capacity`,
 //! `max_weight`, `max_keys`, `max_values_per_key` and `max_key_weight`, and that does not
-//! acknowledge, such a send does not wait for the lock: it leaves its value, with the time
-//! it arrived, in an inbox of about 4,096 values (a send that finds the inbox full waits
-//! for the lock). The next call that takes the lock, on any
-//! handle, puts the inbox's values in first, and `Eq` of their keys (in `ordered`, `Ord` of
-//! their sort keys too) runs in that call. A value whose user code panics there is dropped
-//! and counted in [`Stats::lost`](stats::Stats::lost); that call does not panic, and every
-//! other value goes in. On one thread the lock is never held by another, so this never
-//! happens there.
+//! acknowledge, such a send does not wait to put its value in: it leaves it, with the time
+//! it arrived, in an inbox of about 4,096 values, and the next call that takes the lock, on
+//! any handle, puts the inbox's values in first. (The send still waits for the lock when
+//! the inbox is full, and takes it to wake waiting receivers when its value is due before
+//! the deadline they sleep until.) The user code that putting a value in runs, `Eq` of its
+//! key and, in `ordered`, `Ord` and `Clone` of sort keys, then runs in that call. If it
+//! panics, that call does not panic, and every other value goes in: the value is dropped and
+//! counted in [`Stats::lost`](stats::Stats::lost) if the panic came before it went in, and
+//! stays pending, to be delivered, if it came after (another sort key's `Ord`, as the
+//! queue's index settles). A send finds the lock held only while another thread holds it,
+//! or user code that runs under it (an `Eq`, say) sends on the same channel: handles used on
+//! one thread, by code that does not, never see the inbox.
 //!
 //! User code that runs under the lock is exactly this: `Eq` of keys (when a value goes in,
 //! or a key is flushed), `Clone` of a key that a batch splits (in an acknowledging channel,
@@ -233,7 +241,9 @@
 //! goes out whole, and its newer values are not held back while it is in flight. `Hash`,
 //! the weigher and, in a durable channel, `Serialize` run before the lock is taken, and
 //! never when a delivery is decided. Keys, values and sort keys are dropped, and wakers
-//! woken, after it is released, so a `Drop` or a waker may use the channel.
+//! woken, after it is released, so a `Drop` or a waker may use the channel; the one
+//! exception is the key, value and sort key of a value whose own user code panics under
+//! the lock, which are dropped as the panic unwinds, before the lock is released.
 
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

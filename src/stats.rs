@@ -79,8 +79,8 @@ pub struct Stats {
     /// went, dead letters not taken, and, in an acknowledging channel, values retried or
     /// dropped undecided after that. A durable channel's log still has them: they come back
     /// when its directory is opened again. Also values sent through the inbox whose key's
-    /// `Eq` (or sort key's `Ord`) panicked when they were put in (see the crate docs, *Panics
-    /// in user code*).
+    /// `Eq` (or sort key's `Ord` or `Clone`) panicked before they went in (see the crate
+    /// docs, *Panics in user code*).
     pub lost: u64,
     /// Durable channels: values the log gave back when the channel opened.
     pub log_recovered: u64,

@@ -15,6 +15,9 @@
 mod common;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
 use std::time::Duration;
 
 use keyed_batch::error::{TryRecvError, TrySendError};
@@ -24,7 +27,7 @@ use tokio_test::task::spawn;
 use tokio_test::{assert_pending, assert_ready};
 
 use common::time::ms;
-use common::touchy::{arm, disarm, panics, Touchy, What};
+use common::touchy::{arm, disarm, panics, Touchy, TouchyRank, What};
 
 /// Every send in this test binary goes through the inbox.
 fn inbox_always() {
@@ -182,6 +185,58 @@ async fn a_full_inbox_sends_under_the_lock() {
         assert_eq!(values, &want, "key {key}");
     }
     assert_eq!(batch.len(), 3);
+}
+
+/// Sends refused because the channel is closed, on other threads, never make a closed and
+/// drained channel look as if a send were still in flight: every look says so. (They used
+/// to count themselves in flight for a moment, and a receiver that looked then waited for
+/// a wake that never came.)
+#[test]
+fn refused_sends_do_not_hold_the_end_of_the_stream() {
+    inbox_always();
+    let (tx, mut rx) = timed::channel::<u32, u32>(Duration::ZERO);
+    rx.close();
+    let stop = Arc::new(AtomicBool::new(false));
+    let senders: Vec<_> = (0..2)
+        .map(|_| {
+            let (tx, stop) = (tx.clone(), Arc::clone(&stop));
+            thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    assert!(matches!(tx.try_send(1, 1), Err(TrySendError::Closed(_))));
+                }
+            })
+        })
+        .collect();
+    let looks = (0..200_000)
+        .filter(|_| rx.try_recv() != Err(TryRecvError::Disconnected))
+        .count();
+    stop.store(true, Ordering::Relaxed);
+    senders.into_iter().for_each(|s| s.join().unwrap());
+    assert_eq!(
+        looks, 0,
+        "looks that did not find the channel closed and drained"
+    );
+}
+
+/// In `ordered`, a value whose insert panics after it went in (another sort key's `Ord`,
+/// as the index settles) is pending, counted as sent, and delivered: not counted lost.
+#[tokio::test]
+async fn a_panic_after_the_value_went_in_keeps_it() {
+    inbox_always();
+    let (tx, mut rx) = ordered::channel::<TouchyRank, u32, u32>();
+    tx.try_send(TouchyRank(5), 1, 10).unwrap();
+    tx.try_send(TouchyRank(9), 2, 20).unwrap();
+    assert_eq!(rx.len(), 2);
+    tx.try_send(TouchyRank(3), 3, 30).unwrap();
+    // Taking the inbox in pushes 3 past 9, then compares the two fronts: 5 and 3.
+    arm(5, &[What::Ord]);
+    assert!(!panics(|| rx.len()));
+    disarm();
+    let stats = rx.stats();
+    assert_eq!((stats.sent, stats.lost, stats.pending_values), (3, 0, 3));
+    let mut got: Vec<(u32, Vec<u32>)> = rx.drain_now().into_iter().flatten().collect();
+    got.sort_unstable();
+    assert_eq!(got, vec![(1, vec![10]), (2, vec![20]), (3, vec![30])]);
 }
 
 /// Many producers on many threads, every send through the inbox: each value comes out once,

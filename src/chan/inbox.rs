@@ -78,8 +78,9 @@ pub(super) struct Inbox<F: Flavor, K, V> {
 
 /// Why a value did not go into the inbox.
 pub(super) enum Rejected<F: Flavor, K, V> {
-    /// The channel is closed.
-    Closed(Entry<F, K, V>),
+    /// The channel is closed. With `seen`, the send counted itself in flight after the
+    /// close, so a receiver may be waiting for it to finish: the caller must wake them.
+    Closed { entry: Entry<F, K, V>, seen: bool },
     /// The inbox is full: the send must take the lock.
     Full(Entry<F, K, V>),
 }
@@ -108,14 +109,17 @@ impl<F: Flavor, K, V> Inbox<F, K, V> {
         entry: Entry<F, K, V>,
         due: u64,
     ) -> Result<Pushed, Rejected<F, K, V>> {
-        if self.gate.fetch_add(1, SeqCst) & CLOSED != 0 {
-            self.gate.fetch_sub(1, SeqCst);
-            return Err(Rejected::Closed(entry));
+        // Both refusals that can be told before the gate leave it alone: a receiver that
+        // saw a send in flight would wait for it.
+        if self.gate.load(SeqCst) & CLOSED != 0 {
+            return Err(Rejected::Closed { entry, seen: false });
         }
         if self.queue.len() >= BOUND {
-            // Nothing goes in, so nothing is left to settle after a close.
-            self.gate.fetch_sub(1, SeqCst);
             return Err(Rejected::Full(entry));
+        }
+        if self.gate.fetch_add(1, SeqCst) & CLOSED != 0 {
+            self.gate.fetch_sub(1, SeqCst);
+            return Err(Rejected::Closed { entry, seen: true });
         }
         self.queue.push(entry);
         // Pairs with the fence in `publish`: either the receiver sees this value in the
@@ -154,7 +158,8 @@ impl<F: Flavor, K, V> Inbox<F, K, V> {
     }
 
     /// Forgets the published deadline: a receiver stopped waiting, so the next send wakes
-    /// whoever waits still.
+    /// whoever waits still. The one that left may have published a deadline earlier than
+    /// the others wait for; the price is one wake for nothing, at worst, for the others.
     pub(super) fn unpublish(&self) {
         self.earliest.store(u64::MAX, SeqCst);
     }

@@ -319,6 +319,12 @@ impl Waiters {
         wakes.extend(self.0.iter().map(|(_, waker)| waker.clone()));
     }
 
+    /// Wakes every task but the one with id `id`.
+    fn wake_others(&self, id: Option<u64>, wakes: &mut Vec<Waker>) {
+        let others = self.0.iter().filter(|(other, _)| Some(*other) != id);
+        wakes.extend(others.map(|(_, waker)| waker.clone()));
+    }
+
     fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
@@ -769,6 +775,7 @@ where
             return;
         }
         for Entry { item, arrival } in inbox.take() {
+            let (hash, values, keys) = (item.hash, state.queue.len(), state.queue.key_count());
             let put = panic::catch_unwind(AssertUnwindSafe(|| {
                 self.insert_at(state, item, Some(arrival))
             }));
@@ -778,6 +785,19 @@ where
                     if spare.0.is_some() || spare.1.is_some() {
                         state.inbox_spares.push(spare);
                     }
+                }
+                // `Ord` of another sort key panicked as the index settled, after the value
+                // went in: it is pending, and counted as `insert_at` would have.
+                Err(_) if state.queue.len() > values => {
+                    state.counts.sent += 1;
+                    if state.queue.key_count() > keys {
+                        let run = Run {
+                            hash,
+                            seq: state.queue.last_id(),
+                        };
+                        state.arrivals.push_back((run, arrival));
+                    }
+                    state.inbox_leads = true;
                 }
                 Err(_) => state.counts.lost += 1,
             }
@@ -794,7 +814,13 @@ where
         let due = F::due_alone(&item.input, arrival, self.epoch, &self.config);
         let pushed = match inbox.push(Entry { item, arrival }, due) {
             Ok(pushed) => pushed,
-            Err(Rejected::Closed(entry)) => return Err(entry.item),
+            Err(Rejected::Closed { entry, seen }) => {
+                if seen {
+                    // A receiver may have found it in flight, and wait for it to finish.
+                    self.lock().wake_receivers();
+                }
+                return Err(entry.item);
+            }
             Err(Rejected::Full(entry)) => {
                 // As in a channel without an inbox: the lock takes the inbox in first.
                 let mut item = Some(entry.item);
@@ -1582,6 +1608,12 @@ where
                 // a send that looked in between saw this deadline, or woke us itself.
                 if !inbox.publish(deadline) {
                     chan.take_in(&mut guard);
+                    if mem::take(&mut guard.inbox_leads) {
+                        // What leads now, this receiver takes or sleeps until below; the
+                        // others may sleep until later.
+                        let state = guard.state.as_ref().expect("the guard holds the lock");
+                        state.receiving.wake_others(self.waiting, &mut guard.wakes);
+                    }
                     let closed = guard.closed_at.is_some();
                     if guard
                         .queue
@@ -1766,7 +1798,7 @@ impl<F: Flavor, K, V> Rx<F, K, V> {
             let mut guard = self.chan.lock();
             guard.receiving.leave(&mut self.waiting);
             if let Some((inbox, _)) = self.chan.inbox.as_deref() {
-                // The deadline it published may be earlier than any other receiver's.
+                // The deadline it published may be earlier than the others wait for.
                 inbox.unpublish();
             }
         }

@@ -1083,6 +1083,12 @@ where
         self.next_id
     }
 
+    /// The id the last insert took: a new key's run starts there, even if the insert
+    /// panicked after the key went in.
+    pub(crate) fn last_id(&self) -> u64 {
+        self.next_id
+    }
+
     /// Whether the ticket `id` stands first.
     fn leads(&self, id: u64) -> bool {
         self.index.front().is_some_and(|ticket| ticket.id == id)
