@@ -43,7 +43,9 @@
 //! `gate` counts the sends between their check for a close and the end of their push, with
 //! [`CLOSED`] set once the channel closes. A receiver ends its stream only once no send is in
 //! flight and the inbox is empty; a send that finishes after the close takes the lock to
-//! take its value in and wake the receivers.
+//! take its value in and wake the receivers. A send refused for the close is not counted
+//! when it can tell before the gate; one that counted itself and then found the close wakes
+//! the receivers too, since one may have seen it in flight and be waiting for it.
 
 use std::iter;
 use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering::SeqCst};
