@@ -79,13 +79,12 @@ pub(super) struct Inbox<F: Flavor, K, V> {
     gate: AtomicUsize,
 }
 
-/// Why a value did not go into the inbox.
-pub(super) enum Rejected<F: Flavor, K, V> {
-    /// The channel is closed. With `seen`, the send counted itself in flight after the
-    /// close, so a receiver may be waiting for it to finish: the caller must wake them.
-    Closed { entry: Entry<F, K, V>, seen: bool },
-    /// The inbox is full: the send must take the lock.
-    Full(Entry<F, K, V>),
+/// A value the inbox refused, since the channel is closed.
+pub(super) struct Closed<F: Flavor, K, V> {
+    pub(super) entry: Entry<F, K, V>,
+    /// The send counted itself in flight after the close, so a receiver may be waiting for
+    /// it to finish: the caller must wake them.
+    pub(super) seen: bool,
 }
 
 /// What a send through the inbox must do once its value is in.
@@ -105,24 +104,16 @@ impl<F: Flavor, K, V> Inbox<F, K, V> {
         }
     }
 
-    /// Pushes `entry`, due at `due`; hands it back if the channel is closed or the inbox
-    /// full.
-    pub(super) fn push(
-        &self,
-        entry: Entry<F, K, V>,
-        due: u64,
-    ) -> Result<Pushed, Rejected<F, K, V>> {
-        // Both refusals that can be told before the gate leave it alone: a receiver that
-        // saw a send in flight would wait for it.
+    /// Pushes `entry`, due at `due`; hands it back if the channel is closed.
+    pub(super) fn push(&self, entry: Entry<F, K, V>, due: u64) -> Result<Pushed, Closed<F, K, V>> {
+        // A close that can be told before the gate leaves it alone: a receiver that saw a
+        // send in flight would wait for it.
         if self.gate.load(SeqCst) & CLOSED != 0 {
-            return Err(Rejected::Closed { entry, seen: false });
-        }
-        if self.queue.len() >= BOUND {
-            return Err(Rejected::Full(entry));
+            return Err(Closed { entry, seen: false });
         }
         if self.gate.fetch_add(1, SeqCst) & CLOSED != 0 {
             self.gate.fetch_sub(1, SeqCst);
-            return Err(Rejected::Closed { entry, seen: true });
+            return Err(Closed { entry, seen: true });
         }
         self.queue.push(entry);
         // Pairs with the fence in `publish`: either the receiver sees this value in the
@@ -131,6 +122,11 @@ impl<F: Flavor, K, V> Inbox<F, K, V> {
         let earlier = self.earliest.fetch_min(due, SeqCst) > due;
         let closed = self.gate.fetch_sub(1, SeqCst) & CLOSED != 0;
         Ok(Pushed { earlier, closed })
+    }
+
+    /// Whether a send must wait for the lock instead: see [`BOUND`].
+    pub(super) fn is_full(&self) -> bool {
+        self.queue.len() >= BOUND
     }
 
     pub(super) fn is_empty(&self) -> bool {

@@ -32,7 +32,7 @@ use crate::flavor::{self, Clock, Flavor, Joining, Reason};
 use crate::queue::{Inserted, Items, Returned, Run, SortedQueue};
 
 use self::acked::Acked;
-use self::inbox::{Entry, Inbox, Rejected};
+use self::inbox::{Closed, Entry, Inbox};
 
 mod acked;
 #[cfg(feature = "durable")]
@@ -453,16 +453,20 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
     }
 
     /// The lock for a send that holds no place in a line, or `None` if it is to go through
-    /// the inbox instead: the channel has one, and another thread holds the lock.
+    /// the inbox instead: the channel has one, another thread holds the lock, and the inbox
+    /// is not full.
     fn lock_to_send(&self) -> Option<Guard<'_, F, K, V>> {
-        if self.inbox.is_none() {
+        let Some((inbox, _)) = self.inbox.as_deref() else {
             return Some(self.lock());
-        }
+        };
         #[cfg(feature = "fault-injection")]
-        if self.always_inbox {
-            return None;
+        let try_lock = !self.always_inbox;
+        #[cfg(not(feature = "fault-injection"))]
+        let try_lock = true;
+        if let Some(guard) = try_lock.then(|| self.try_lock()).flatten() {
+            return Some(guard);
         }
-        self.try_lock()
+        inbox.is_full().then(|| self.lock())
     }
 
     fn now(&self) -> u64 {
@@ -804,8 +808,8 @@ where
         }
     }
 
-    /// Sends `item` through the inbox, ranked as of now; under the lock, once it is free,
-    /// if the inbox is full. Hands it back if the channel is closed.
+    /// Sends `item` through the inbox, ranked as of now. Hands it back if the channel is
+    /// closed.
     #[inline(never)]
     fn through_inbox(&self, item: Item<F, K, V>) -> Result<(), Item<F, K, V>> {
         let (inbox, _) = self.inbox.as_deref().expect("a channel with an inbox");
@@ -814,21 +818,12 @@ where
         let due = F::due_alone(&item.input, arrival, self.epoch, &self.config);
         let pushed = match inbox.push(Entry { item, arrival }, due) {
             Ok(pushed) => pushed,
-            Err(Rejected::Closed { entry, seen }) => {
+            Err(Closed { entry, seen }) => {
                 if seen {
                     // A receiver may have found it in flight, and wait for it to finish.
                     self.lock().wake_receivers();
                 }
                 return Err(entry.item);
-            }
-            Err(Rejected::Full(entry)) => {
-                // As in a channel without an inbox: the lock takes the inbox in first.
-                let mut item = Some(entry.item);
-                let mut guard = self.lock();
-                return match self.try_push(&mut guard, &mut item, &mut None, Push::Now) {
-                    Ok(_) => Ok(()),
-                    Err(_) => Err(item.take().expect("a refused item")),
-                };
             }
         };
         if pushed.earlier || pushed.closed {
