@@ -209,6 +209,13 @@ pub(crate) struct Item<F: Flavor, K, V> {
     encoded: Option<crate::durable::Encoded>,
 }
 
+impl<F: Flavor, K, V> Item<F, K, V> {
+    /// What the caller handed in: a refused send gives it back.
+    fn into_parts(self) -> (F::Input, K, V) {
+        (self.input, self.key, self.value)
+    }
+}
+
 /// How a send that may go in goes in.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Push {
@@ -854,9 +861,7 @@ where
             let item = item.take().expect("an item to send");
             return Poll::Ready(match self.through_inbox(item) {
                 Ok(()) => Ok(Pushed::In),
-                Err(Item {
-                    input, key, value, ..
-                }) => Err(SendError((input, key, value))),
+                Err(item) => Err(SendError(item.into_parts())),
             });
         };
         let line = match self.try_push(&mut guard, item, place, push) {
@@ -869,10 +874,8 @@ where
                     self.leave(&mut guard, p);
                 }
                 coop.made_progress();
-                let Item {
-                    input, key, value, ..
-                } = item.take().expect("an item to send");
-                return Poll::Ready(Err(SendError((input, key, value))));
+                let item = item.take().expect("an item to send");
+                return Poll::Ready(Err(SendError(item.into_parts())));
             }
             Err(Blocked::Wait(line)) => line,
         };
@@ -1200,12 +1203,8 @@ where
         let mut item = Some(self.chan.item(input, key, value));
         let Some(mut guard) = self.chan.lock_to_send() else {
             let item = item.take().expect("an item to send");
-            return self.chan.through_inbox(item).map_err(|item| {
-                let Item {
-                    input, key, value, ..
-                } = item;
-                TrySendError::Closed((input, key, value))
-            });
+            let refused = self.chan.through_inbox(item);
+            return refused.map_err(|item| TrySendError::Closed(item.into_parts()));
         };
         let pushed = self
             .chan
@@ -1216,12 +1215,10 @@ where
             Err(Blocked::Closed) => false,
             Err(Blocked::Wait(_)) => true,
         };
-        let Item {
-            input, key, value, ..
-        } = item.expect("a refused item");
+        let parts = item.expect("a refused item").into_parts();
         match full {
-            true => Err(TrySendError::Full((input, key, value))),
-            false => Err(TrySendError::Closed((input, key, value))),
+            true => Err(TrySendError::Full(parts)),
+            false => Err(TrySendError::Closed(parts)),
         }
     }
 
@@ -1275,10 +1272,7 @@ where
             chan.close(&mut guard);
             chan.serve(&mut guard);
             drop(guard);
-            let Item {
-                input, key, value, ..
-            } = item;
-            return Err(SendError((input, key, value)));
+            return Err(SendError(item.into_parts()));
         }
         chan.insert_item(&mut guard, item);
         Ok(())
@@ -1317,22 +1311,16 @@ where
             return Poll::Ready(Ok(()));
         }
         if !self.connected {
-            let Item {
-                input, key, value, ..
-            } = sink.take().expect("a value to send");
-            return Poll::Ready(Err(SendError(Some((input, key, value)))));
+            let item = sink.take().expect("a value to send");
+            return Poll::Ready(Err(SendError(Some(item.into_parts()))));
         }
         let coop = ready!(coop::poll_proceed(cx));
         let chan = &*self.chan;
         let Some(mut guard) = chan.lock_to_send() else {
             coop.made_progress();
             let item = sink.take().expect("a value to send");
-            return Poll::Ready(chan.through_inbox(item).map_err(|item| {
-                let Item {
-                    input, key, value, ..
-                } = item;
-                SendError(Some((input, key, value)))
-            }));
+            let refused = chan.through_inbox(item);
+            return Poll::Ready(refused.map_err(|item| SendError(Some(item.into_parts()))));
         };
         let pushed = chan.try_push(&mut guard, sink, &mut None, Push::Now);
         if let Err(Blocked::Wait(_)) = pushed {
@@ -1347,10 +1335,8 @@ where
         match pushed {
             Ok(_) => Poll::Ready(Ok(())),
             Err(_) => {
-                let Item {
-                    input, key, value, ..
-                } = sink.take().expect("a refused value");
-                Poll::Ready(Err(SendError(Some((input, key, value)))))
+                let item = sink.take().expect("a refused value");
+                Poll::Ready(Err(SendError(Some(item.into_parts()))))
             }
         }
     }
@@ -1395,13 +1381,11 @@ impl<F: Flavor, K, V> Tx<F, K, V> {
     /// Takes back the value `start_send` took, if it has not gone in.
     pub(crate) fn abort_send(&mut self) -> Option<(F::Input, K, V)> {
         let sink = self.sink.get_mut().unwrap_or_else(PoisonError::into_inner);
-        let Item {
-            input, key, value, ..
-        } = sink.take()?;
+        let item = sink.take()?;
         if self.sink_waiting.is_some() {
             self.chan.lock().sinks.leave(&mut self.sink_waiting);
         }
-        Some((input, key, value))
+        Some(item.into_parts())
     }
 
     /// Stops this handle counting as a sender; the last one to stop closes the channel.
