@@ -130,9 +130,7 @@ impl Flavor for Deadlines {
             config,
             clock,
         } = joining;
-        // A window too long to add is "never": saturating keeps deadlines monotonic in
-        // arrival, so the FIFO order holds.
-        let window = u64::try_from(config.window.as_nanos()).unwrap_or(u64::MAX);
+        let window = window_nanos(config);
         let full = config.is_full(values, weight);
         if let (Some(current), false) = (current, full) {
             // Most values join a key that is already due sooner than they would make it:
@@ -149,13 +147,7 @@ impl Flavor for Deadlines {
             }
         }
         let now = clock.now();
-        let by_window = now.saturating_add(window);
-        let (at, reason) = match due {
-            Due::Window => (by_window, Reason::Deadline),
-            // "By" is "at the latest": the window stays the longest any value waits.
-            Due::By(at) => (clock.since(at).min(by_window), Reason::Deadline),
-            Due::Now(reason) => (now, reason),
-        };
+        let (at, reason) = due_at(&due, now, window, |at| clock.since(at));
         Some(match full && at > now {
             true => Deadline::new(now, Reason::FullKey),
             false => Deadline::new(at, reason),
@@ -181,13 +173,26 @@ impl Flavor for Deadlines {
     fn due_alone(due: &Due, arrival: u64, epoch: Instant, config: &Config) -> u64 {
         // As `rank` computes it for a key alone; `is_full` is never true on a channel that
         // has an inbox (it has no per-key limits).
-        let window = u64::try_from(config.window.as_nanos()).unwrap_or(u64::MAX);
-        let by_window = arrival.saturating_add(window);
-        match due {
-            Due::Window => by_window,
-            Due::By(at) => flavor::since(epoch, *at).min(by_window),
-            Due::Now(_) => arrival,
-        }
+        let since = |at| flavor::since(epoch, at);
+        due_at(due, arrival, window_nanos(config), since).0
+    }
+}
+
+/// The window in nanoseconds. A window too long to add is "never": saturating keeps
+/// deadlines monotonic in arrival, so the FIFO order holds.
+fn window_nanos(config: &Config) -> u64 {
+    u64::try_from(config.window.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// When a value that enters at `now` makes its key due, by itself, and why; `since` puts an
+/// instant on the channel's clock. The rule of `rank`, which `due_alone` shares.
+fn due_at(due: &Due, now: u64, window: u64, since: impl FnOnce(Instant) -> u64) -> (u64, Reason) {
+    let by_window = now.saturating_add(window);
+    match *due {
+        Due::Window => (by_window, Reason::Deadline),
+        // "By" is "at the latest": the window stays the longest any value waits.
+        Due::By(at) => (since(at).min(by_window), Reason::Deadline),
+        Due::Now(reason) => (now, reason),
     }
 }
 
