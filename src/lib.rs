@@ -91,7 +91,10 @@
 //!
 //! `send`, `recv` and the `Sink` take part in tokio's cooperative scheduling, as tokio's
 //! own channels do: a task that sends in a tight loop yields to the runtime now and then,
-//! so it cannot starve the timer that wakes the receivers.
+//! so it cannot starve the timer that wakes the receivers. `try_send` does not, as
+//! tokio's `UnboundedSender::send` does not. On a channel with no limit, where it never
+//! returns `Full`, it is the cheaper call in a hot loop whose task yields by itself now
+//! and then (README, Performance).
 //!
 //! # Limits
 //!
