@@ -37,7 +37,7 @@
 //! # Panics in user code
 //!
 //! `Hash` and `Eq` of `K` run only while a value goes in (or a key is promoted), before the
-//! queue changes; the queue stores each key's hash and never calls them while taking batches
+//! queue changes, and in [`contains_key`](SortedQueue::contains_key); the queue stores each key's hash and never calls them while taking batches
 //! or growing. `Ord` and `Clone` of `R`, and `Clone` of `K`, run before the data they guard
 //! moves. If any of them panics, the call panics and the queue stays whole: no other key's
 //! values are lost.
@@ -243,8 +243,10 @@ impl<R, K, V> SortedQueue<R, K, V> {
 
     /// How many keys the queue can hold without allocating, and how many index entries.
     ///
-    /// Both fall back after the keys drain: the queue shrinks its table and its index once
-    /// they are mostly empty, so a burst of distinct keys does not pin memory for good.
+    /// Both fall back after the keys drain: each time a batch is taken (or a pop finds
+    /// nothing), the queue shrinks its table and its index if they are mostly empty and
+    /// room for more than 4,096 entries, so a burst of distinct keys does not pin memory
+    /// for good.
     ///
     /// # Examples
     ///
@@ -370,8 +372,9 @@ where
     /// Appends `value` to `key`'s pending values; the key's rank becomes the smaller of its
     /// rank and `rank`.
     ///
-    /// Returns `true` if the key now stands first, ahead of every other key: the smallest
-    /// rank in the queue moved down, or the queue was empty.
+    /// Returns `true` if this call moved the front of the queue: the queue was empty, or the
+    /// key now stands first with a rank smaller than the smallest before. A push to the key
+    /// that already leads, leaving its rank as it was, returns `false`.
     ///
     /// # Examples
     ///
@@ -393,7 +396,7 @@ where
     /// are the key's count and total weight once `value` is in.
     ///
     /// This is how a caller makes a full key due at once without a second lookup. Returns
-    /// whether the key now leads, as [`push`](Self::push) does.
+    /// whether this call moved the front of the queue, as [`push`](Self::push) does.
     ///
     /// # Panics
     ///
@@ -432,8 +435,8 @@ where
     /// Puts `values` back in front of `key`'s pending values, as after a failed delivery. The
     /// key's rank becomes the smaller of its rank and `rank`. Each value weighs 1.
     ///
-    /// Returns `true` if the key now stands first, as [`push`](Self::push) does. An empty
-    /// `values` changes nothing and returns `false`.
+    /// Returns `true` if this call moved the front of the queue, as [`push`](Self::push)
+    /// does. An empty `values` changes nothing and returns `false`.
     ///
     /// # Examples
     ///
@@ -492,7 +495,8 @@ where
     }
 
     /// Lowers `key`'s rank to `rank`, if the key is pending and `rank` is smaller. Returns
-    /// whether the key now leads.
+    /// whether this call moved the front of the queue, as [`push`](Self::push) does: `false`
+    /// if the rank was not lowered, even for a key that leads.
     ///
     /// # Examples
     ///
@@ -891,12 +895,13 @@ where
     }
 
     /// Puts values back in front of a held key's values, as after a failed delivery. The key
-    /// stays held. Hands the values back if there is no such hold.
+    /// stays held. Returns the key's run: the one that was in flight, or, if values came for
+    /// the key meanwhile, theirs. Hands the values back if there is no such hold.
     ///
     /// # Panics
     ///
     /// Panics, changing nothing, if the total pending weight would overflow `usize`.
-    pub(crate) fn give_back(&mut self, hold: Hold, back: Returned<V>) -> Result<(), Returned<V>> {
+    pub(crate) fn give_back(&mut self, hold: Hold, back: Returned<V>) -> Result<Run, Returned<V>> {
         let items = Items::Prepend(back);
         let (count, weight) = items.size();
         let total = weight.checked_add(self.weight);
@@ -914,7 +919,10 @@ where
         slot.add(items);
         self.values += count;
         self.weight += weight;
-        Ok(())
+        Ok(Run {
+            hash: slot.hash,
+            seq: slot.seq,
+        })
     }
 
     /// Ends a hold: the key is due again by `rank` (see [`Release`]) if it has values, and
