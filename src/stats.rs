@@ -41,7 +41,9 @@ pub struct Stats {
     pub pending_weight: usize,
     /// How long ago the oldest pending run of values began: the time since the first value
     /// of the longest-waiting key went in (or was requeued into an empty key). `None` when
-    /// nothing is pending.
+    /// nothing is pending. In an acknowledging channel, values in flight are not pending;
+    /// values a retry brings back count from when their run began, or, if values came for
+    /// the key while they were in flight, from when the first of those did.
     pub oldest_pending: Option<Duration>,
     /// Values accepted by `send`, `try_send` and their kin. Requeues are not counted here.
     pub sent: u64,

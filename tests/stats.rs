@@ -275,6 +275,50 @@ async fn oldest_pending_timed() {
     assert_eq!(rx.stats().oldest_pending, None);
 }
 
+/// `oldest_pending` in an acknowledging channel: values in flight are not pending; values
+/// that a retry brings back keep their run's start, and so do those a `retry_after` holds;
+/// a retry into a key that took new values meanwhile joins their run.
+#[tokio::test(start_paused = true)]
+async fn oldest_pending_after_retries() {
+    let (tx, mut rx) = timed::Builder::new(secs(60)).acked();
+    tx.send("a", 1).await.unwrap();
+    advance(secs(2)).await;
+    tx.send("b", 2).await.unwrap();
+    advance(secs(1)).await;
+    tx.flush(&"a");
+    let a = rx.try_recv().unwrap().remove(0);
+    assert_eq!(rx.stats().oldest_pending, Some(secs(1))); // "a" is in flight: "b" is oldest
+    advance(secs(1)).await;
+    a.retry().await.unwrap();
+    let stats = rx.stats();
+    assert_eq!(stats.pending_values, 2);
+    assert_eq!(stats.oldest_pending, Some(secs(4))); // "a" went in 4 s ago
+
+    let a = rx.try_recv().unwrap().remove(0); // retried: due at once
+    assert_eq!(a.key(), &"a");
+    a.retry_after(secs(30)).await.unwrap();
+    assert_eq!(rx.stats().oldest_pending, Some(secs(4))); // held, but pending
+
+    tx.flush(&"b");
+    advance(secs(30)).await;
+    let mut batch = rx.try_recv().unwrap();
+    batch.sort_by_key(|d| *d.key());
+    let (a, b) = (batch.remove(0), batch.remove(0));
+    assert_eq!((a.key(), b.key()), (&"a", &"b"));
+    b.ack().await.unwrap();
+    assert_eq!(rx.stats().oldest_pending, None); // "a" is in flight
+    advance(secs(1)).await;
+    tx.send("a", 3).await.unwrap(); // waits behind the delivery: a run from now
+    advance(secs(1)).await;
+    a.retry().await.unwrap(); // joins that run, in front of its value
+    let stats = rx.stats();
+    assert_eq!(
+        (stats.pending_values, stats.oldest_pending),
+        (2, Some(secs(1)))
+    );
+    assert_eq!(rx.try_recv().unwrap()[0].values(), &[1, 3]);
+}
+
 /// `oldest_pending` with paused time (`ordered`).
 #[tokio::test(start_paused = true)]
 async fn oldest_pending_ordered() {

@@ -438,6 +438,10 @@ where
                         let state = &mut **guard;
                         let given = state.queue.give_back(hold, back);
                         debug_assert!(given.is_ok(), "a hold lasts while its delivery flies");
+                        if let Ok(run) = given {
+                            // Its run's start was forgotten if nothing else was pending.
+                            state.note_run(run, flight.entered);
+                        }
                         let delay = u64::try_from(after.as_nanos()).unwrap_or(u64::MAX);
                         if delay == 0 || closed {
                             release = Some(Release::Lower(rank));
@@ -463,9 +467,9 @@ where
                             state
                                 .queue
                                 .insert(hash, key, Items::Prepend(back), |_, _, _| Some(rank));
-                        state
-                            .arrivals
-                            .extend(inserted.new_run.map(|run| (run, flight.entered)));
+                        if let Some(run) = inserted.new_run {
+                            state.note_run(run, flight.entered);
+                        }
                         guard.spare = (inserted.spare_key, inserted.spare_rank);
                         if inserted.leads {
                             guard.wake_receivers();

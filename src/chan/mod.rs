@@ -399,6 +399,19 @@ impl<F: Flavor, K, V> State<F, K, V> {
         }
     }
 
+    /// Notes when `run` began, unless it is noted already: for values that come back to a
+    /// key with none pending. The list stays in run order, which is arrival order, so the
+    /// oldest run stays first; a run that comes back is most often among the oldest, near
+    /// the front, where inserting moves few entries.
+    fn note_run(&mut self, run: Run, at: u64) {
+        if let Err(place) = self
+            .arrivals
+            .binary_search_by_key(&run.seq, |(run, _)| run.seq)
+        {
+            self.arrivals.insert(place, (run, at));
+        }
+    }
+
     /// Drops the arrivals of runs that ended, from the oldest on.
     fn drop_ended_runs(&mut self) {
         let queue = &self.queue;
