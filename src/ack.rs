@@ -562,7 +562,8 @@ pub struct DeadLetter<K, V> {
 /// In memory, dead letters waiting to be taken count toward the channel's `capacity` and
 /// `max_weight`: with either set, a dead-letter stream nobody reads shows up as
 /// backpressure on the senders, not as memory that grows. Without them, dead letters not
-/// taken stay in memory until the channel is dropped. Clones share the dead letters: each
+/// taken stay in memory until every receiver is gone, when they are dropped and counted in
+/// `Stats::lost`. Clones share the dead letters: each
 /// goes to one of them. The stream ends once the channel is closed, nothing is pending or
 /// in flight, and every dead letter was taken, or once every receiver is gone.
 ///

@@ -37,8 +37,9 @@ impl<F> Builder<F> {
 }
 
 impl<F, W> Builder<F, W> {
-    /// Weighs each value, once, when it is sent: the weight limits then count weight instead
-    /// of values.
+    /// Weighs each value when it is sent, and again when a receiver's `requeue` puts it
+    /// back (a retried delivery keeps its weights): the weight limits then count weight
+    /// instead of values.
     ///
     /// Typical use: `|body: &Vec<u8>| body.len()`, so that batches stay under a size. The
     /// total pending weight must fit in a `usize`: a send that would overflow it panics.
@@ -69,7 +70,9 @@ impl<F, W> Builder<F, W> {
     /// Caps the number of values in one batch.
     ///
     /// A key with more values than the room left in a batch is split: its oldest values fill
-    /// the batch, and the rest keep the key's place at the front of the next one.
+    /// the batch, and the rest keep the key's rank, so they lead the next batch unless a key
+    /// of smaller rank has come due meanwhile. In an acknowledging channel the rest wait
+    /// until the first part's delivery is decided.
     ///
     /// # Panics
     ///
@@ -128,7 +131,9 @@ impl<F, W> Builder<F, W> {
     /// Bounds the pending values: `send` waits and `try_send` fails while `n` are pending.
     ///
     /// Room returns as soon as a batch is taken. Requeued values count as pending but are
-    /// always accepted, so the pending count can exceed `n`.
+    /// always accepted, so the pending count can exceed `n`. In an acknowledging channel,
+    /// values in flight and dead letters not yet taken count too, and room returns when a
+    /// delivery is decided (rule 3 of the acknowledging receivers).
     ///
     /// # Panics
     ///
@@ -153,7 +158,9 @@ impl<F, W> Builder<F, W> {
 
     /// Bounds the pending weight, as a memory budget: a value goes in only if the pending
     /// weight stays at or under `n` with it (or nothing is pending), else `send` waits and
-    /// `try_send` fails.
+    /// `try_send` fails. In an acknowledging channel, values in flight and dead letters not
+    /// yet taken count as pending here, until decided (rule 3 of the acknowledging
+    /// receivers).
     ///
     /// # Panics
     ///
@@ -182,6 +189,8 @@ impl<F, W> Builder<F, W> {
 
     /// Bounds the pending keys: a value for a key that is not pending waits (`send`) or is
     /// refused (`try_send`) while `n` keys are pending. Values for pending keys still go in.
+    /// In an acknowledging channel, a key in flight counts as pending here until its
+    /// delivery is decided, and values for it go in (rule 3 of the acknowledging receivers).
     ///
     /// # Panics
     ///

@@ -54,7 +54,7 @@
 //!   a close, and is never due early. Time is [`tokio::time::Instant`]: monotonic, and paused
 //!   in tests.
 //! - **`ordered`**: every key is due at once; a key ranks by the smallest sort key among its
-//!   pending values.
+//!   pending values, except the rest of a key that a batch split (below).
 //!
 //! # What a batch holds
 //!
@@ -63,8 +63,9 @@
 //!   counts as a new arrival.
 //! - Each key with all of its pending values, in the order they were sent.
 //! - At most `max_batch` values in all. A key with more values than the room left is split:
-//!   the rest keep its rank and lead the next batch, unless a key of smaller rank has come
-//!   due meanwhile.
+//!   the rest keep its rank (in `ordered`, lowered by any smaller sort key sent for it since)
+//!   and lead the next batch, unless a key of smaller rank has come due meanwhile. In an
+//!   acknowledging channel the rest wait until the first part's delivery is decided.
 //! - Never nothing: a batch is never empty.
 //!
 //! *Due* is when a key may be taken. A waiting receiver takes it then (one timer tick later
@@ -129,8 +130,8 @@
 //!   sent and delivered, deliveries by why they came due, and how long the oldest pending
 //!   run of values has waited.
 //! - Senders are [`Sink`]s too, so `stream.map(Ok).forward(tx)` works, and
-//!   `Sender::closed()` resolves once the channel is closed for sending: every receiver is
-//!   gone, or one called `close`.
+//!   `Sender::closed()` resolves once that sender can no longer send: every receiver is
+//!   gone, one called `close`, or the sender was closed as a `Sink`.
 //! - Receivers are [`FusedStream`]s, so `futures::select!` with `select_next_some()` works.
 //!
 //! [`Sink`]: futures_sink::Sink

@@ -2,7 +2,8 @@
 //!
 //! Each value is sent with a sort key. A key ranks by the smallest sort key among its
 //! pending values, and every key is due at once: a batch holds the best-ranked keys, up to
-//! [`Builder::max_batch`] values. Order is ascending; wrap the sort key in
+//! [`Builder::max_batch`] values. The rest of a key that a batch split keeps the rank the
+//! key had, lowered by any smaller sort key sent for it since. Order is ascending; wrap the sort key in
 //! [`std::cmp::Reverse`] for descending.
 //!
 //! # Examples
@@ -274,7 +275,8 @@ pub struct Sender<S, K, V> {
 impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
     /// Sends a value with its sort key, waiting for room if the channel is bounded and full.
     ///
-    /// The key ranks by the smallest sort key among its pending values.
+    /// The key ranks by the smallest sort key among its pending values (the rest of a key
+    /// that a batch split keeps the key's rank, lowered by any smaller sort key sent since).
     ///
     /// In a durable channel (the `durable` feature), `send` resolves once the value's
     /// record is durable under the channel's `FsyncPolicy`, and the value goes in then. If
@@ -412,8 +414,8 @@ impl<S, K, V> Sender<S, K, V> {
         self.len() == 0
     }
 
-    /// Waits until the channel is closed for sending: every receiver is gone, or one called
-    /// [`Receiver::close`].
+    /// Waits until this sender can no longer send: every receiver is gone, one called
+    /// [`Receiver::close`], or this handle was closed as a `Sink` with `poll_close`.
     ///
     /// # Cancel safety
     ///
@@ -841,7 +843,7 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Stream for Receiver<S, K, V> {
 }
 
 /// The stream is terminated once this receiver has returned `None`: the channel is closed
-/// and drained, and stays so.
+/// and drained, and stays so. A clone of a terminated receiver starts terminated.
 impl<S: Ord + Clone, K: Hash + Eq + Clone, V> FusedStream for Receiver<S, K, V> {
     fn is_terminated(&self) -> bool {
         self.inner.is_terminated()
@@ -1119,7 +1121,8 @@ where
     }
 }
 
-/// The stream is terminated once this receiver has returned `None`.
+/// The stream is terminated once this receiver has returned `None`. A clone of a
+/// terminated receiver starts terminated.
 impl<S, K, V> FusedStream for AckReceiver<S, K, V>
 where
     S: Ord + Clone + Send + 'static,

@@ -741,8 +741,8 @@ impl<K, V> Sender<K, V> {
         self.len() == 0
     }
 
-    /// Waits until the channel is closed for sending: every receiver is gone, or one called
-    /// [`Receiver::close`].
+    /// Waits until this sender can no longer send: every receiver is gone, one called
+    /// [`Receiver::close`], or this handle was closed as a `Sink` with `poll_close`.
     ///
     /// # Cancel safety
     ///
@@ -1236,7 +1236,7 @@ impl<K: Hash + Eq + Clone, V> Stream for Receiver<K, V> {
 }
 
 /// The stream is terminated once this receiver has returned `None`: the channel is closed
-/// and drained, and stays so.
+/// and drained, and stays so. A clone of a terminated receiver starts terminated.
 impl<K: Hash + Eq + Clone, V> FusedStream for Receiver<K, V> {
     fn is_terminated(&self) -> bool {
         self.inner.is_terminated()
@@ -1267,8 +1267,9 @@ impl<K, V> fmt::Debug for Receiver<K, V> {
 ///
 /// # Rules
 ///
-/// 1. **One delivery per key in flight.** While a key has an undecided delivery, its newer
-///    values wait, and no receiver gets them.
+/// 1. **One delivery per key in flight.** While a key has an undecided delivery, its other
+///    values wait (newer ones, and the rest of a key that a batch split), and no receiver
+///    gets them.
 /// 2. **A retry joins the new values.** The failed values go back in front of the key's
 ///    newer values; while the key is held by `retry_after`, values sent for it join it, and
 ///    when the delay ends all of them go out in one delivery, bounded by the batch caps.
@@ -1585,7 +1586,8 @@ where
     }
 }
 
-/// The stream is terminated once this receiver has returned `None`.
+/// The stream is terminated once this receiver has returned `None`. A clone of a
+/// terminated receiver starts terminated.
 impl<K, V> FusedStream for AckReceiver<K, V>
 where
     K: Hash + Eq + Clone + Send + 'static,

@@ -367,6 +367,19 @@ async fn closed_when_already_closed() {
     assert_ready!(closed.poll());
 }
 
+/// `closed()` resolves once this handle was closed as a `Sink`, though the channel stays
+/// open for the other senders.
+#[tokio::test(start_paused = true)]
+async fn closed_resolves_for_a_handle_closed_as_a_sink() {
+    let (mut tx, rx) = ordered::channel::<u8, u8, u8>();
+    let tx2 = tx.clone();
+    SinkExt::close(&mut tx).await.unwrap();
+    let mut closed = task::spawn(tx.closed());
+    assert_ready!(closed.poll());
+    assert!(!rx.is_closed() && !tx2.is_closed());
+    tx2.try_send(0, 1, 2).unwrap();
+}
+
 /// `closed()` is not resolved by other senders coming and going.
 #[tokio::test(start_paused = true)]
 async fn closed_ignores_other_senders() {
