@@ -50,8 +50,8 @@
 //!   `now + window`: "by" means "at the latest", so the window is the longest any value
 //!   waits. A key is due when its deadline is at or before now. A key holding
 //!   `max_values_per_key` values (or `max_key_weight` weight) is due at once. A deadline too
-//!   far off to represent (about 146 years) is never reached: such a key waits for a flush or
-//!   a close, and is never due early. Time is [`tokio::time::Instant`]: monotonic, and paused
+//!   far off to represent (more than about 146 years after the channel was made) is never
+//!   reached: such a key waits for a flush or a close, and is never due early. Time is [`tokio::time::Instant`]: monotonic, and paused
 //!   in tests.
 //! - **`ordered`**: every key is due at once; a key ranks by the smallest sort key among its
 //!   pending values, except the rest of a key that a batch split (below).
@@ -114,12 +114,15 @@
 //! | `max_keys(n)` | both | pending keys | a value for a new key waits (`send`) or is refused (`try_send`); values for pending keys still go in, after any earlier send of the same key |
 //!
 //! Waiting sends go in first come, first served, and `try_send` returns
-//! [`TrySendError::Full`](error::TrySendError::Full) while earlier sends wait. The values of
-//! one key go in in the order they were sent, so a value for a pending key waits behind an
-//! earlier send of that key that waits for a key slot. Room returns as soon as a batch is
-//! taken. Values handed back with `requeue` always go in, past any of these limits. A value
-//! held by a sender's `Sink` impl holds no place in line: it goes in once there is room and no
-//! `send` waits, so a sink that is no longer polled holds up no one.
+//! [`TrySendError::Full`](error::TrySendError::Full) while earlier sends wait for room (with
+//! `max_keys`, a value for a pending key goes in past sends that wait for a key slot, unless
+//! one of them is of the same key). The values of one key go in in the order they were
+//! sent, so a value for a pending key waits behind an earlier send of that key that waits
+//! for a key slot. Room returns as soon as a batch is taken (in an acknowledging channel,
+//! when a delivery is decided). Values handed back with `requeue` always go in, past any of
+//! these limits. A value held by a sender's `Sink` impl holds no place in line: it goes in
+//! once there is room and no `send` waits, so a sink that is no longer polled holds up no
+//! one.
 //!
 //! # Flushing, draining and watching
 //!
@@ -240,14 +243,16 @@
 //!
 //! User code that runs under the lock is exactly this: `Eq` of keys (when a value goes in,
 //! or a key is flushed), `Clone` of a key that a batch splits (in an acknowledging channel,
-//! of every key delivered, since its slot stays), and in `ordered`, `Ord` and `Clone` of
-//! sort keys. In an acknowledging channel, a key whose `Clone` panicked cannot be held: it
-//! goes out whole, and its newer values are not held back while it is in flight. `Hash`,
-//! the weigher and, in a durable channel, `Serialize` run before the lock is taken, and
-//! never when a delivery is decided. Keys, values and sort keys are dropped, and wakers
-//! woken, after it is released, so a `Drop` or a waker may use the channel; the one
-//! exception is the key, value and sort key of a value whose own user code panics under
-//! the lock, which are dropped as the panic unwinds, before the lock is released.
+//! of every key delivered, since its slot stays), `Ord` and `Clone` of sort keys in
+//! `ordered`, and `Clone` and `Drop` of the wakers it keeps for waiting tasks (a custom
+//! waker must not use the channel in them). In an acknowledging channel, a key whose
+//! `Clone` panicked cannot be held: it goes out whole, and its newer values are not held
+//! back while it is in flight. `Hash`, the weigher and, in a durable channel, `Serialize`
+//! run before the lock is taken, and never when a delivery is decided. Keys, values and
+//! sort keys are dropped, and wakers woken, after it is released, so their `Drop`, or a
+//! wake, may use the channel; the one exception is the key, value and sort key of a value
+//! whose own user code panics under the lock, which are dropped as the panic unwinds,
+//! before the lock is released.
 
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -692,8 +692,9 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
     ///
     /// # Errors
     ///
-    /// Once a receiver has seen the end of the stream (`recv` returned `None`), nothing will
-    /// be delivered again, and the sort key, key and values come back in the error.
+    /// Once a receiver has seen the end of the stream (`recv` or the stream returned `None`,
+    /// or `try_recv` returned `Disconnected`), nothing will be delivered again, and the sort
+    /// key, key and values come back in the error.
     ///
     /// # Examples
     ///

@@ -1,5 +1,5 @@
 //! Per-key time-window batching: a key's values come out together, due at most `window`
-//! after the first of them was sent.
+//! after the first of them entered the channel.
 //!
 //! A value sent with [`Sender::send`] is due `window` after it enters the channel. A key is
 //! due at the smallest deadline among its pending values, so the first value of a quiet key
@@ -1042,8 +1042,9 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     ///
     /// # Errors
     ///
-    /// Once a receiver has seen the end of the stream (`recv` returned `None`), nothing will
-    /// be delivered again, and the key and values come back in the error.
+    /// Once a receiver has seen the end of the stream (`recv` or the stream returned `None`,
+    /// or `try_recv` returned `Disconnected`), nothing will be delivered again, and the key
+    /// and values come back in the error.
     ///
     /// # Examples
     ///
@@ -1068,10 +1069,12 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     }
 
     /// When the next batch is due: the earliest deadline among pending keys, or, once the
-    /// channel is closed, the time it closed, since everything is then due at once.
+    /// channel is closed, the earlier of that and the time it closed, since everything is
+    /// then due at once.
     ///
-    /// `None` when nothing is pending, or when no pending key has a deadline it can reach:
-    /// a deadline too far off to represent (about 146 years) waits for a flush or a close.
+    /// `None` when nothing is pending, or, before the channel closes, when no pending key
+    /// has a deadline it can reach: a deadline more than about 146 years after the channel
+    /// was made cannot be represented, and waits for a flush or a close.
     ///
     /// # Examples
     ///

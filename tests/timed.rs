@@ -737,6 +737,14 @@ async fn next_deadline_after_close() {
     let (tx, rx) = timed::channel::<&str, u32>(WINDOW);
     drop(tx);
     assert_eq!(rx.next_deadline(), None, "nothing pending");
+
+    // A key past its deadline when the channel closed: the earlier of the two.
+    let (tx, rx) = timed::channel(secs(1));
+    let start = Instant::now();
+    tx.send("k", 1).await.unwrap();
+    advance(secs(2)).await;
+    rx.close();
+    assert_eq!(rx.next_deadline(), Some(start + secs(1)));
 }
 
 // ===== stream, counters, errors =====
