@@ -132,8 +132,8 @@ impl<F, W> Builder<F, W> {
     ///
     /// Room returns as soon as a batch is taken. Requeued values count as pending but are
     /// always accepted, so the pending count can exceed `n`. In an acknowledging channel,
-    /// values in flight and dead letters not yet taken count too, and room returns when a
-    /// delivery is decided (rule 3 of the acknowledging receivers).
+    /// values in flight count too until their delivery is decided, and dead letters until
+    /// they are taken (rule 3 of the acknowledging receivers).
     ///
     /// # Panics
     ///
@@ -158,9 +158,9 @@ impl<F, W> Builder<F, W> {
 
     /// Bounds the pending weight, as a memory budget: a value goes in only if the pending
     /// weight stays at or under `n` with it (or nothing is pending), else `send` waits and
-    /// `try_send` fails. In an acknowledging channel, values in flight and dead letters not
-    /// yet taken count as pending here, until decided (rule 3 of the acknowledging
-    /// receivers).
+    /// `try_send` fails. In an acknowledging channel, values in flight count as pending here
+    /// until their delivery is decided, and dead letters until they are taken (rule 3 of the
+    /// acknowledging receivers).
     ///
     /// # Panics
     ///
