@@ -277,7 +277,8 @@ impl Error for DeliveryError {
 #[non_exhaustive]
 pub enum OpenError {
     /// Another channel, in this process or another, has the directory open: a channel
-    /// holds it until its every handle is gone, deliveries and decision futures included.
+    /// holds it until its every handle is gone, deliveries and decision futures included,
+    /// or until its log fails.
     /// (A child process forked in that time holds a copy of the lock until it execs.)
     Locked {
         /// The log's directory.

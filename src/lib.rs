@@ -61,7 +61,8 @@
 //! - Due keys in rank order (earliest deadline, or smallest sort key). Ties go to the key
 //!   whose current run of pending values started first. A key that empties and fills again
 //!   counts as a new arrival.
-//! - Each key with all of its pending values, in the order they were sent.
+//! - Each key with all of its pending values, in the order they were sent: the order they
+//!   went in (in a durable channel, the order their `send` calls resolved).
 //! - At most `max_batch` values in all. A key with more values than the room left is split:
 //!   the rest keep its rank (in `ordered`, lowered by any smaller sort key sent for it since)
 //!   and lead the next batch, unless a key of smaller rank has come due meanwhile. In an
@@ -193,7 +194,7 @@
 //! acknowledging channel whose values survive a crash: `send` resolves once the value is
 //! written to a log in `dir` (and synced, under the default `FsyncPolicy`), decisions are
 //! written there too, and reopening the directory hands back every value sent and not yet
-//! acknowledged or given up. Keys and values are serde types. The
+//! acknowledged, given up or taken as a dead letter. Keys and values are serde types. The
 //! [`durable`](durable/index.html) module (built with the feature) has a table of what
 //! survives a `kill -9` and a power cut under each policy, and the errors `open` returns.
 //! The feature needs Rust 1.89.

@@ -715,6 +715,39 @@ async fn decisions_alone_are_not_synced() {
     assert_eq!(tx.log_error().unwrap().raw_os_error(), Some(5), "EIO");
 }
 
+/// A failed log lets go of the directory at once: it can be opened again while the failed
+/// channel's handles live, and the reopened channel has what was written before.
+#[cfg(feature = "fault-injection")]
+#[tokio::test]
+async fn a_failed_log_lets_go_of_the_directory() {
+    let dir = TempDir::new().unwrap();
+    let (tx, rx) = hourly(dir.path()).open::<String, u32>().await.unwrap();
+    tx.send(k("a"), 1).await.unwrap();
+    assert!(matches!(
+        hourly(dir.path()).open::<String, u32>().await,
+        Err(OpenError::Locked { .. })
+    ));
+    drop((tx, rx));
+    let (tx, rx) = hourly(dir.path())
+        .fail_writes_after(0)
+        .open::<String, u32>()
+        .await
+        .unwrap();
+    tx.try_send(k("b"), 2).unwrap();
+    while tx.log_error().is_none() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let (_, mut again) = hourly(dir.path()).open::<String, u32>().await.unwrap();
+    let values: Vec<u32> = again
+        .drain_now()
+        .into_iter()
+        .flatten()
+        .flat_map(|delivery| delivery.values().to_vec())
+        .collect();
+    assert_eq!(values, [1]);
+    drop((tx, rx));
+}
+
 /// A retry on a failed log resolves with the error, as other decisions do: its record,
 /// which counts the attempt, could not be written.
 #[cfg(feature = "fault-injection")]

@@ -1,6 +1,6 @@
 //! Durable channels: every value sent is written to a log in a directory before `send`
 //! returns, and reopening the directory after a crash hands back everything that was sent
-//! and not yet acknowledged or given up.
+//! and not yet acknowledged, given up or taken as a dead letter.
 //!
 //! A durable channel is an acknowledging channel (see [`ack`](crate::ack)) whose decisions
 //! are written to the log too. Open one from a builder:
@@ -55,16 +55,23 @@
 //! # Recovery
 //!
 //! Reopening the directory rebuilds the channel: every value sent and not acknowledged,
-//! given up or taken as a dead letter is pending again, under its key, in the order values
-//! were sent, with the attempts it had been handed out (counted as of its last retry). A
-//! `timed` value's deadline is rebuilt from its wall-clock arrival: one whose deadline
-//! passed while the process was down is due at once. Values dropped with the last receiver
-//! (pending ones, dead letters not taken, and deliveries retried or dropped after it) were
-//! never acknowledged, so they come back too.
+//! given up or taken as a dead letter is pending again, under its key, in the order its
+//! record was written to the log, with the attempts it had been handed out (counted as of
+//! its last retry: a delivery in flight at a crash is not counted, one dropped undecided
+//! before the handles went is). Records are written in the order the `send` calls were
+//! made; the live channel puts a value in when its `send` resolves, so values of one key
+//! whose sends were in flight at once, from different tasks, may have gone out in another
+//! order before the restart. A `timed` value's deadline is rebuilt from its wall-clock
+//! arrival: one whose deadline passed while the process was down is due at once; a
+//! `retry_after` delay is not kept. Values dropped with the last receiver (pending ones,
+//! dead letters not taken, and deliveries retried or dropped after it) were never
+//! acknowledged, so they come back too: a dead letter that was not taken comes back
+//! pending, not as a dead letter, and its next delivery's attempt is `max_attempts + 1`.
 //!
 //! - The directory is locked: a second `open` fails with [`OpenError::Locked`] until the
 //!   channel's every handle is gone (senders, receivers, deliveries, decision futures and
-//!   dead-letter streams).
+//!   dead-letter streams), or until its log fails: a failed log lets go of the directory
+//!   at once, so that it can be reopened.
 //! - Keys, values and inputs are decoded as the types `open` names; the log does not
 //!   record types, so another type with a compatible encoding opens without error.
 //! - A torn record at the end of the newest segment (a write cut short by a crash) is cut
@@ -93,7 +100,7 @@
 //! its length and a CRC-32C. One thread owns the files. Segments are deleted by prefix
 //! only, once none of their values is live; values held a long time are copied forward
 //! first. So the log's size stays within about twice its live records plus two segments:
-//! about two segments when little is pending, however long one delivery is held.
+//! two to three segments when little is pending, however long one delivery is held.
 
 use std::fmt;
 use std::hash::Hash;
