@@ -715,6 +715,26 @@ async fn decisions_alone_are_not_synced() {
     assert_eq!(tx.log_error().unwrap().raw_os_error(), Some(5), "EIO");
 }
 
+/// A channel on `dir` whose log failed on the record of its one value, `key`: `value`,
+/// which went in at once.
+#[cfg(feature = "fault-injection")]
+async fn failed_log(
+    dir: &Path,
+    key: &str,
+    value: u32,
+) -> (timed::Sender<String, u32>, timed::AckReceiver<String, u32>) {
+    let (tx, rx) = hourly(dir)
+        .fail_writes_after(0)
+        .open::<String, u32>()
+        .await
+        .unwrap();
+    tx.try_send(k(key), value).unwrap();
+    while tx.log_error().is_none() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    (tx, rx)
+}
+
 /// A failed log lets go of the directory at once: it can be opened again while the failed
 /// channel's handles live, and the reopened channel has what was written before.
 #[cfg(feature = "fault-injection")]
@@ -728,15 +748,7 @@ async fn a_failed_log_lets_go_of_the_directory() {
         Err(OpenError::Locked { .. })
     ));
     drop((tx, rx));
-    let (tx, rx) = hourly(dir.path())
-        .fail_writes_after(0)
-        .open::<String, u32>()
-        .await
-        .unwrap();
-    tx.try_send(k("b"), 2).unwrap();
-    while tx.log_error().is_none() {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    let (tx, rx) = failed_log(dir.path(), "b", 2).await;
     let (_, mut again) = hourly(dir.path()).open::<String, u32>().await.unwrap();
     let values: Vec<u32> = again
         .drain_now()
@@ -756,16 +768,7 @@ async fn retry_on_a_failed_log_is_an_error() {
     use keyed_batch::error::DeliveryError;
 
     let dir = TempDir::new().unwrap();
-    let (tx, mut rx) = hourly(dir.path())
-        .fail_writes_after(0)
-        .open::<String, u32>()
-        .await
-        .unwrap();
-    // In at once; its record, written a moment later, fails the log.
-    tx.try_send(k("a"), 1).unwrap();
-    while tx.log_error().is_none() {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    let (_tx, mut rx) = failed_log(dir.path(), "a", 1).await;
     let delivery = rx.drain_now().into_iter().flatten().next().unwrap();
     assert!(matches!(delivery.retry().await, Err(DeliveryError::Io(_))));
 }
