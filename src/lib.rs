@@ -285,3 +285,8 @@ pub use config::Weigher;
 
 /// A batch: due keys in rank order, each with its pending values in the order they were sent.
 pub type Batch<K, V> = Vec<(K, Vec<V>)>;
+
+// The README's Rust examples run as doc tests, so that they stay true as the crate changes.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeExamples;
