@@ -42,8 +42,9 @@ pub struct Stats {
     /// How long ago the oldest pending run of values began: the time since the first value
     /// of the longest-waiting key went in (or was requeued into an empty key). `None` when
     /// nothing is pending. In an acknowledging channel, values in flight are not pending;
-    /// values a retry brings back count from when their run began, or, if values came for
-    /// the key while they were in flight, from when the first of those did.
+    /// values a retry brings back count from when the run they went out in began, or, if
+    /// values came for the key while they were in flight, from when the first of those
+    /// came; those of a key whose `Clone` panicked, which cannot be held, from the retry.
     pub oldest_pending: Option<Duration>,
     /// Values accepted by `send`, `try_send` and their kin. Requeues are not counted here.
     pub sent: u64,

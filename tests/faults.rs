@@ -321,6 +321,26 @@ fn drain_now_keeps_the_batches_taken_before_a_panic() {
     assert_eq!((stats.sent, stats.delivered), (5, 5));
 }
 
+/// In an acknowledging channel, a key whose `Clone` panicked cannot be held: a retry puts
+/// it back as new values would, and `oldest_pending` counts it from the retry.
+#[tokio::test(start_paused = true)]
+async fn unheld_retry_counts_from_the_retry() {
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO).acked::<Touchy, u32>();
+    tx.try_send(Touchy(7), 1).unwrap();
+    advance(secs(5)).await;
+    assert_eq!(rx.stats().oldest_pending, Some(secs(5)));
+    arm(7, &[What::Clone]);
+    assert!(panics(|| rx.try_recv()));
+    let delivery = rx.try_recv().unwrap().remove(0); // whole, and not held
+    disarm();
+    advance(secs(1)).await;
+    delivery.retry().await.unwrap();
+    advance(secs(1)).await;
+    assert_eq!(rx.stats().oldest_pending, Some(secs(1)));
+    let again = rx.try_recv().unwrap().remove(0);
+    assert_eq!((again.values(), again.attempt()), (&[1][..], 2));
+}
+
 /// A key whose `Clone` panicked goes out whole: alone when it does not fit, and beside
 /// other keys when it does.
 #[test]

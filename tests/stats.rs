@@ -316,7 +316,12 @@ async fn oldest_pending_after_retries() {
         (stats.pending_values, stats.oldest_pending),
         (2, Some(secs(1)))
     );
-    assert_eq!(rx.try_recv().unwrap()[0].values(), &[1, 3]);
+    let a = rx.try_recv().unwrap().remove(0);
+    assert_eq!(a.values(), &[1, 3]);
+    assert_eq!(rx.stats().oldest_pending, None);
+    advance(secs(1)).await;
+    a.retry().await.unwrap(); // the run it went out in began 2 s ago
+    assert_eq!(rx.stats().oldest_pending, Some(secs(2)));
 }
 
 /// `oldest_pending` with paused time (`ordered`).

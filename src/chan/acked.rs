@@ -72,6 +72,8 @@ struct Flight<R> {
     attempt: u32,
     /// A time at or before which its first value entered.
     entered: u64,
+    /// When the run it went out in began, as `arrivals` had it: a retry notes it again.
+    started: u64,
     /// Its key's hash, and its values' weights (`None`: all 1), for a retry: kept from the
     /// take, so that a decision runs no user code.
     hash: u64,
@@ -253,17 +255,16 @@ where
             queue.take_held(max_values, max_weight, is_due, |taken| {
                 let values = taken.front.values.len();
                 count += values;
+                let seq = taken.run.seq;
+                let at = match arrivals.get(next) {
+                    Some((run, _)) if run.seq == seq => Some(next),
+                    _ => arrivals.binary_search_by_key(&seq, |(run, _)| run.seq).ok(),
+                };
+                next = at.map_or(next, |at| at + 1);
+                let started = at.map_or(now, |at| arrivals[at].1);
                 // A value that came back knows when it entered; otherwise the run's start
                 // is a time at or before the first value entered.
-                let entered = taken.front.entered.unwrap_or_else(|| {
-                    let seq = taken.run.seq;
-                    let at = match arrivals.get(next) {
-                        Some((run, _)) if run.seq == seq => Some(next),
-                        _ => arrivals.binary_search_by_key(&seq, |(run, _)| run.seq).ok(),
-                    };
-                    next = at.map_or(next, |at| at + 1);
-                    at.map_or(now, |at| arrivals[at].1)
-                });
+                let entered = taken.front.entered.unwrap_or(started);
                 let attempt = taken.front.handed.first().copied().unwrap_or(0) + 1;
                 *held_values += values;
                 *held_weight += taken.weight;
@@ -278,6 +279,7 @@ where
                     handed: taken.front.handed,
                     attempt,
                     entered,
+                    started,
                     hash: taken.run.hash,
                     weights: taken.front.weights,
                     seqs: taken.front.seqs,
@@ -440,7 +442,7 @@ where
                         debug_assert!(given.is_ok(), "a hold lasts while its delivery flies");
                         if let Ok(run) = given {
                             // Its run's start was forgotten if nothing else was pending.
-                            state.note_run(run, flight.entered);
+                            state.note_run(run, flight.started);
                         }
                         let delay = u64::try_from(after.as_nanos()).unwrap_or(u64::MAX);
                         if delay == 0 || closed {
@@ -467,8 +469,10 @@ where
                             state
                                 .queue
                                 .insert(hash, key, Items::Prepend(back), |_, _, _| Some(rank));
+                        // A new run, from now: noting an older start at the back would
+                        // leave the oldest run behind a newer one.
                         if let Some(run) = inserted.new_run {
-                            state.note_run(run, flight.entered);
+                            state.note_run(run, now);
                         }
                         guard.spare = (inserted.spare_key, inserted.spare_rank);
                         if inserted.leads {

@@ -400,9 +400,10 @@ impl<F: Flavor, K, V> State<F, K, V> {
     }
 
     /// Notes when `run` began, unless it is noted already: for values that come back to a
-    /// key with none pending. The list stays in run order, which is arrival order, so the
-    /// oldest run stays first; a run that comes back is most often among the oldest, near
-    /// the front, where inserting moves few entries.
+    /// key with none pending. The list is in run order, which is the order of their starts,
+    /// so the oldest run stays first as long as `at` is the start the run was noted with
+    /// before; a run that comes back is most often among the oldest, near the front, where
+    /// inserting moves few entries.
     fn note_run(&mut self, run: Run, at: u64) {
         if let Err(place) = self
             .arrivals

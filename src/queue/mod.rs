@@ -37,8 +37,8 @@
 //! # Panics in user code
 //!
 //! `Hash` and `Eq` of `K` run only while a value goes in (or a key is promoted), before the
-//! queue changes, and in [`contains_key`](SortedQueue::contains_key); the queue stores each key's hash and never calls them while taking batches
-//! or growing. `Ord` and `Clone` of `R`, and `Clone` of `K`, run before the data they guard
+//! queue changes, and in [`contains_key`](SortedQueue::contains_key); the queue stores each
+//! key's hash and never calls them while taking batches or growing. `Ord` and `Clone` of `R`, and `Clone` of `K`, run before the data they guard
 //! moves. If any of them panics, the call panics and the queue stays whole: no other key's
 //! values are lost.
 //!
@@ -245,8 +245,8 @@ impl<R, K, V> SortedQueue<R, K, V> {
     ///
     /// Both fall back after the keys drain: each time a batch is taken (or a pop finds
     /// nothing), the queue shrinks its table and its index if they are mostly empty and
-    /// room for more than 4,096 entries, so a burst of distinct keys does not pin memory
-    /// for good.
+    /// have room for more than 4,096 entries, so a burst of distinct keys does not pin
+    /// memory for good.
     ///
     /// # Examples
     ///
