@@ -563,9 +563,9 @@ pub struct DeadLetter<K, V> {
 /// `max_weight`: with either set, a dead-letter stream nobody reads shows up as
 /// backpressure on the senders, not as memory that grows. Without them, dead letters not
 /// taken stay in memory until every receiver is gone, when they are dropped and counted in
-/// `Stats::lost`. Clones share the dead letters: each
-/// goes to one of them. The stream ends once the channel is closed, nothing is pending or
-/// in flight, and every dead letter was taken, or once every receiver is gone.
+/// `Stats::lost`. Clones share the dead letters: each goes to one of them. The stream ends
+/// once the channel is closed, nothing is pending or in flight, and every dead letter was
+/// taken, or once every receiver is gone.
 ///
 /// A Redis queue's dead letters stay in Redis, outside its `capacity`, until a stream
 /// takes them; the stream ends once the queue is closed and empty and no dead letter is

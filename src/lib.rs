@@ -51,8 +51,8 @@
 //!   waits. A key is due when its deadline is at or before now. A key holding
 //!   `max_values_per_key` values (or `max_key_weight` weight) is due at once. A deadline too
 //!   far off to represent (more than about 146 years after the channel was made) is never
-//!   reached: such a key waits for a flush or a close, and is never due early. Time is [`tokio::time::Instant`]: monotonic, and paused
-//!   in tests.
+//!   reached: such a key waits for a flush or a close, and is never due early. Time is
+//!   [`tokio::time::Instant`]: monotonic, and paused in tests.
 //! - **`ordered`**: every key is due at once; a key ranks by the smallest sort key among its
 //!   pending values, except the rest of a key that a batch split (below).
 //!

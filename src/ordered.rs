@@ -3,8 +3,8 @@
 //! Each value is sent with a sort key. A key ranks by the smallest sort key among its
 //! pending values, and every key is due at once: a batch holds the best-ranked keys, up to
 //! [`Builder::max_batch`] values. The rest of a key that a batch split keeps the rank the
-//! key had, lowered by any smaller sort key sent for it since. Order is ascending; wrap the sort key in
-//! [`std::cmp::Reverse`] for descending.
+//! key had, lowered by any smaller sort key sent for it since. Order is ascending; wrap the
+//! sort key in [`std::cmp::Reverse`] for descending.
 //!
 //! # Examples
 //!
