@@ -34,6 +34,28 @@ async fn a_tight_send_loop_yields() {
     producer.await.unwrap();
 }
 
+/// `try_send` spends no task budget, as tokio's `UnboundedSender::send` does not, where
+/// `send` spends one unit a call.
+#[tokio::test]
+async fn try_send_spends_no_budget() {
+    let (tx, _rx) = timed::channel::<usize, usize>(secs(1));
+    for i in 0..1_000 {
+        tx.try_send(i % 100, i).unwrap();
+    }
+    assert!(tokio::task::coop::has_budget_remaining());
+    let (tx, _rx) = ordered::channel::<usize, usize, usize>();
+    for i in 0..1_000 {
+        tx.try_send(i, i % 100, i).unwrap();
+    }
+    assert!(tokio::task::coop::has_budget_remaining());
+    let mut sends = 0;
+    while tokio::task::coop::has_budget_remaining() {
+        tx.send(sends, sends % 100, sends).await.unwrap();
+        sends += 1;
+        assert!(sends <= 1_000, "send spends no budget either");
+    }
+}
+
 /// The same for the `Sink`: a `forward` of a ready stream yields now and then.
 #[tokio::test]
 async fn a_tight_sink_loop_yields() {
