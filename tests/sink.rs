@@ -373,9 +373,13 @@ async fn closed_when_already_closed() {
 async fn closed_resolves_for_a_handle_closed_as_a_sink() {
     let (mut tx, rx) = ordered::channel::<u8, u8, u8>();
     let tx2 = tx.clone();
-    SinkExt::close(&mut tx).await.unwrap();
-    let mut closed = task::spawn(tx.closed());
-    assert_ready!(closed.poll());
+    // As a user would: a task that closes its sink, then waits on `closed()`.
+    let closer = tokio::spawn(async move {
+        SinkExt::close(&mut tx).await.unwrap();
+        tx.closed().await;
+    });
+    let waited = tokio::time::timeout(secs(1), closer).await;
+    waited.expect("closed() resolved").unwrap();
     assert!(!rx.is_closed() && !tx2.is_closed());
     tx2.try_send(0, 1, 2).unwrap();
 }
