@@ -225,6 +225,27 @@ async fn capacity_returns_on_ack() {
     tx.try_send("d", 4).unwrap();
 }
 
+/// Rule 1 for a split key: the rest of a key that a batch split waits until the first
+/// part's delivery is decided; other keys go meanwhile, through the stream as a user reads it.
+#[tokio::test(start_paused = true)]
+async fn split_rest_waits_for_the_first_part() {
+    let (tx, mut rx) = ordered::Builder::new().max_batch(1).acked();
+    tx.try_send(0, "k", 1).unwrap();
+    tx.try_send(0, "k", 2).unwrap();
+    tx.try_send(0, "j", 3).unwrap();
+    drop(tx);
+    let first = rx.next().await.unwrap().remove(0);
+    assert_eq!((first.key(), first.values()), (&"k", &[1][..]));
+    let j = rx.next().await.unwrap().remove(0);
+    assert_eq!(j.key(), &"j", "the rest of \"k\" waits");
+    j.ack().await.unwrap();
+    first.ack().await.unwrap();
+    let rest = rx.next().await.unwrap().remove(0);
+    assert_eq!((rest.key(), rest.values()), (&"k", &[2][..]));
+    rest.ack().await.unwrap();
+    assert!(rx.next().await.is_none());
+}
+
 /// Rule 3: in-flight weight counts toward `max_weight`, and a key in flight toward
 /// `max_keys`, even with no newer values.
 #[tokio::test(start_paused = true)]

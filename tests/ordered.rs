@@ -279,3 +279,23 @@ async fn fused_stream_in_futures_select() {
     assert_eq!(got, vec![vec![("a", vec!['y']), ("b", vec!['x'])]]);
     assert!(rx.is_terminated());
 }
+
+/// The rest of a key that a batch split keeps the key's rank: it leads the next batch
+/// although the sort keys of its own values are larger than another key's.
+#[tokio::test]
+async fn split_rest_keeps_the_rank_of_its_key() {
+    let (tx, mut rx) = Builder::new().max_batch(1).build();
+    tx.send(1, "k", 'a').await.unwrap();
+    tx.send(9, "k", 'b').await.unwrap();
+    tx.send(5, "j", 'c').await.unwrap();
+    drop(tx);
+    let batches: Vec<_> = rx.by_ref().collect().await;
+    assert_eq!(
+        batches,
+        vec![
+            vec![("k", vec!['a'])],
+            vec![("k", vec!['b'])], // rank 1, as the key had
+            vec![("j", vec!['c'])],
+        ]
+    );
+}
