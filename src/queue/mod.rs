@@ -94,7 +94,7 @@ pub struct SortedQueue<R, K, V> {
     /// Held slots with no values (see [`take_held`](Self::take_held)).
     held_empty: usize,
     /// The last batch's plan, emptied: kept so that planning the next one allocates nothing.
-    plans: Vec<Share<R, K>>,
+    plans: Plan<R, K>,
 }
 
 /// How much a [`SortedQueue`] holds without allocating: see [`SortedQueue::capacity`].
@@ -107,15 +107,40 @@ pub struct Capacity {
     pub index: usize,
 }
 
-/// One key's share of a batch, planned before any value moves.
-struct Share<R, K> {
+/// A batch, planned before any value moves: one share a key, in rank order.
+///
+/// A plan is as long as the batch, and a batch can hold every pending key, so a share is
+/// small, and a key taken whole, its slot removed (the common case), needs nothing else:
+/// its count and weight are the slot's. What a slot that stays needs goes in `kept`.
+struct Plan<R, K> {
+    shares: Vec<Share>,
+    kept: Vec<Kept<R, K>>,
+}
+
+impl<R, K> Default for Plan<R, K> {
+    fn default() -> Self {
+        Plan {
+            shares: Vec::new(),
+            kept: Vec::new(),
+        }
+    }
+}
+
+/// One key's share of a batch.
+struct Share {
     /// Where the slot sits in the table.
     bucket: usize,
     id: u64,
+    /// Whether the slot stays, its share described by the next of the plan's `kept`.
+    kept: bool,
+}
+
+/// The share of a slot that stays: a split, or a hold.
+struct Kept<R, K> {
     count: usize,
     weight: usize,
-    /// A copy of the key when the slot stays (a split, or a hold): it keeps the original.
-    copy: Option<K>,
+    /// A copy of the key: the slot keeps the original.
+    copy: K,
     /// The key's rank, when its slot is held.
     rank: Option<R>,
 }
@@ -359,7 +384,7 @@ impl<R: Ord, K, V> SortedQueue<R, K, V> {
             next_id: 0,
             unsplittable: Vec::new(),
             held_empty: 0,
-            plans: Vec::new(),
+            plans: Plan::default(),
         }
     }
 }
@@ -673,18 +698,20 @@ where
         // made, so a panic there leaves every value in its slot. Only the index can be left
         // torn, and `repair` mends it.
         let mut plan = self.plan(max_values, max_weight, is_due, hold);
-        let planned = plan.len();
-        for (left, share) in (1..=planned).rev().zip(plan.drain(..)) {
+        let planned = plan.shares.len();
+        let mut kept = plan.kept.drain(..);
+        for (left, share) in (1..=planned).rev().zip(plan.shares.drain(..)) {
             // Removing planned slots moves no other slot, but check the id all the same.
             let entry = match self.slots.get_bucket_entry(share.bucket) {
                 Ok(entry) if entry.get().ticket == share.id => entry,
                 _ => unreachable!("a planned slot stays in its bucket"),
             };
-            self.values -= share.count;
-            self.weight -= share.weight;
-            let taken = match share.copy {
-                None => {
+            let taken = match share.kept {
+                false => {
                     let (slot, _) = entry.remove();
+                    let weight = slot.weight();
+                    self.values -= slot.values.len();
+                    self.weight -= weight;
                     let Slot {
                         key,
                         values,
@@ -710,13 +737,16 @@ where
                     Taken {
                         key,
                         front,
-                        weight: share.weight,
+                        weight,
                         hold: None,
                         rank,
                         run: Run { hash, seq },
                     }
                 }
-                Some(key) => {
+                true => {
+                    let share = kept.next().expect("a kept share for each slot that stays");
+                    self.values -= share.count;
+                    self.weight -= share.weight;
                     let slot = entry.into_mut();
                     let run = Run {
                         hash: slot.hash,
@@ -738,7 +768,7 @@ where
                     // Unheld, it is a split: the slot keeps its rank and its ticket.
                     let (hold, rank) = held.unzip();
                     Taken {
-                        key,
+                        key: share.copy,
                         front,
                         weight: share.weight,
                         hold,
@@ -749,10 +779,14 @@ where
             };
             out(taken, left);
         }
+        drop(kept);
         // Kept for the next batch, and given back, as the index is, once mostly unused: a
-        // plan that outlives a burst would hold a slot's worth of bytes per key.
-        if plan.capacity() > SMALL && planned * 8 < plan.capacity() {
-            plan.shrink_to(planned * 2);
+        // plan that outlives a burst would hold its bytes per key.
+        if plan.shares.capacity() > SMALL && planned * 8 < plan.shares.capacity() {
+            plan.shares.shrink_to(planned * 2);
+        }
+        if plan.kept.capacity() > SMALL && planned * 8 < plan.kept.capacity() {
+            plan.kept.shrink_to(planned * 2);
         }
         self.plans = plan;
         self.shrink();
@@ -766,7 +800,7 @@ where
         max_weight: usize,
         mut is_due: impl FnMut(&R) -> bool,
         hold: bool,
-    ) -> Vec<Share<R, K>> {
+    ) -> Plan<R, K> {
         let plans = std::mem::take(&mut self.plans);
         let slots = &self.slots;
         let unsplittable = &mut self.unsplittable;
@@ -789,7 +823,7 @@ where
                 let slot = slots.get_bucket(bucket).expect("bucket just found");
                 // Check what fits before asking whether it is due, so that `is_due` is asked
                 // only about keys that go out.
-                let empty = plan.is_empty();
+                let empty = plan.shares.is_empty();
                 let (mut count, mut weight) = slot.fitting(room, room_weight, empty);
                 let run = Run {
                     hash,
@@ -815,39 +849,41 @@ where
                 room_weight = room_weight.saturating_sub(weight);
                 let whole = count == len;
                 let keep = (hold || !whole) && !unclonable;
-                let copy = match keep {
-                    false => None,
-                    true => {
-                        let key = &slot.key;
-                        match panic::catch_unwind(AssertUnwindSafe(|| key.clone())) {
-                            Ok(key) => Some(key),
-                            Err(panic) => {
-                                unsplittable.push(run);
-                                return Err(panic);
-                            }
-                        }
-                    }
-                };
-                let rank = match hold && keep {
-                    false => None,
-                    // A rank whose `Clone` panics makes the key one that cannot be held:
-                    // next time it goes whole, its slot removed and its rank moved out.
-                    true => match panic::catch_unwind(AssertUnwindSafe(|| ticket.rank.clone())) {
-                        Ok(rank) => Some(rank),
+                if keep {
+                    let key = &slot.key;
+                    let copy = match panic::catch_unwind(AssertUnwindSafe(|| key.clone())) {
+                        Ok(key) => key,
                         Err(panic) => {
                             unsplittable.push(run);
                             return Err(panic);
                         }
-                    },
-                };
+                    };
+                    let rank = match hold {
+                        false => None,
+                        // A rank whose `Clone` panics makes the key one that cannot be
+                        // held: next time it goes whole, its slot removed and its rank
+                        // moved out.
+                        true => match panic::catch_unwind(AssertUnwindSafe(|| ticket.rank.clone()))
+                        {
+                            Ok(rank) => Some(rank),
+                            Err(panic) => {
+                                unsplittable.push(run);
+                                return Err(panic);
+                            }
+                        },
+                    };
+                    plan.kept.push(Kept {
+                        count,
+                        weight,
+                        copy,
+                        rank,
+                    });
+                }
                 let split = !whole;
-                plan.push(Share {
+                plan.shares.push(Share {
                     bucket,
                     id,
-                    count,
-                    weight,
-                    copy,
-                    rank,
+                    kept: keep,
                 });
                 // A split key keeps its ticket, and its place at the front; every other
                 // key leaves the index here.
