@@ -232,8 +232,11 @@
 //! acknowledge, such a send does not wait to put its value in: it leaves it, with the time
 //! it arrived, in an inbox of about 4,096 values, and the next call that takes the lock, on
 //! any handle, puts the inbox's values in first. (The send still waits for the lock when
-//! the inbox is full, and takes it to wake waiting receivers when its value is due before
-//! the deadline they sleep until.) The user code that putting a value in runs, `Eq` of its
+//! the inbox is full, and takes it to wake the receivers when its value may be due before
+//! the deadline they sleep until: when it is, and when that deadline is not known, as when
+//! no receiver waits or one has just stopped waiting. A send made by user code under the
+//! lock, on the thread that holds it, never waits: its value goes in even past the bound,
+//! and the call that holds the lock wakes the receivers before it lets go.) The user code that putting a value in runs, `Eq` of its
 //! key and, in `ordered`, `Ord` and `Clone` of sort keys, then runs in that call. If it
 //! panics, that call does not panic, and every other value goes in: the value is dropped and
 //! counted in [`Stats::lost`](stats::Stats::lost) if the panic came before it went in, and
@@ -245,8 +248,11 @@
 //! User code that runs under the lock is exactly this: `Eq` of keys (when a value goes in,
 //! or a key is flushed), `Clone` of a key that a batch splits (in an acknowledging channel,
 //! of every key delivered, since its slot stays), `Ord` and `Clone` of sort keys in
-//! `ordered`, and `Clone` and `Drop` of the wakers it keeps for waiting tasks (a custom
-//! waker must not use the channel in them). In an acknowledging channel, a key whose
+//! `ordered`, and `Clone` and `Drop` of the wakers it keeps for waiting tasks. Such code
+//! may send on the same channel if the channel has an inbox, as above; any other use of
+//! the channel there (a send in a channel without an inbox, a flush, a handle dropped, and
+//! in a custom waker anything at all) may wait for the lock, which never comes free. In an
+//! acknowledging channel, a key whose
 //! `Clone` panicked cannot be held: it goes out whole, and its newer values are not held
 //! back while it is in flight. `Hash`, the weigher and, in a durable channel, `Serialize`
 //! run before the lock is taken, and never when a delivery is decided. Keys, values and

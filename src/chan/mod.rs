@@ -9,6 +9,7 @@
 //! ranks whose `Drop` is user code, are collected while the lock is held and released after
 //! it is: see [`Guard`].
 
+use std::cell::Cell;
 use std::collections::{HashSet, VecDeque};
 use std::future::{poll_fn, Future};
 use std::hash::{BuildHasher, Hash};
@@ -73,6 +74,18 @@ pub(crate) struct Chan<F: Flavor, K, V> {
     always_inbox: bool,
 }
 
+thread_local! {
+    /// The channel (its address) whose lock this thread took last and holds still, if it
+    /// has an inbox; 0 if none. With [`OWED`] set, a send made by user code under that
+    /// lock had to wake the receivers: the holder does it before it lets go (see
+    /// `Chan::wake_after_inbox`). Kept per thread, not in the channel, where every lock
+    /// would write to a cache line that every send reads.
+    static HOLDING: Cell<usize> = const { Cell::new(0) };
+}
+
+/// The bit of [`HOLDING`] that says a wake is owed: a channel's address is even.
+const OWED: usize = 1;
+
 /// Takes the inbox in under the lock: [`Chan::take_in`], made where its bounds are known.
 /// It is handed the state, not a [`Guard`]: a guard whose address went to a call when the
 /// lock is taken, made or not, cost every send a third of its time on one thread.
@@ -123,6 +136,9 @@ struct State<F: Flavor, K, V> {
     inbox_lost: Vec<Entry<F, K, V>>,
     /// A value taken in from the inbox leads the queue: the receivers must look again.
     inbox_leads: bool,
+    /// In a channel with an inbox, the channel whose lock the thread that holds this one
+    /// held before it (see [`HOLDING`]).
+    held_before: usize,
 }
 
 /// A key or rank that a value going in did not need: it is dropped once the lock is
@@ -277,6 +293,13 @@ impl<F: Flavor, K, V> Drop for Guard<'_, F, K, V> {
         let Some(mut state) = self.state.take() else {
             return;
         };
+        if let Some((_, take_in)) = self.chan.inbox.as_deref() {
+            if HOLDING.get() & OWED != 0 {
+                pay_owed(self.chan, &mut state, *take_in, &mut self.wakes);
+            }
+            // Guards are dropped in the reverse of the order they were made.
+            HOLDING.set(state.held_before);
+        }
         let trash = match mem::needs_drop::<F::Rank>() {
             true => state.queue.take_trash(),
             false => Vec::new(),
@@ -296,6 +319,23 @@ impl<F: Flavor, K, V> Drop for Guard<'_, F, K, V> {
         if self.notify_closed {
             self.chan.closed.notify_waiters();
         }
+    }
+}
+
+/// Takes the inbox in and wakes the receivers, for a send made on this thread by user code
+/// under the lock: see [`Chan::wake_after_inbox`]. Taking its value in may run user code
+/// that sends again.
+#[cold]
+fn pay_owed<F: Flavor, K, V>(
+    chan: &Chan<F, K, V>,
+    state: &mut State<F, K, V>,
+    take_in: TakeIn<F, K, V>,
+    wakes: &mut Vec<Waker>,
+) {
+    while HOLDING.get() & OWED != 0 {
+        HOLDING.set(chan.addr());
+        take_in(chan, state);
+        state.receiving.wake_all(wakes);
     }
 }
 
@@ -459,6 +499,7 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
     #[inline(always)]
     fn guard<'a>(&'a self, mut state: MutexGuard<'a, State<F, K, V>>) -> Guard<'a, F, K, V> {
         if let Some((inbox, take_in)) = self.inbox.as_deref() {
+            state.held_before = HOLDING.replace(self.addr());
             if !inbox.is_empty() {
                 take_in(self, &mut state);
             }
@@ -487,7 +528,19 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
         if let Some(guard) = try_lock.then(|| self.try_lock()).flatten() {
             return Some(guard);
         }
-        inbox.is_full().then(|| self.lock())
+        // A send from user code under the lock goes in past the bound: its thread holds the
+        // lock, and would wait for ever.
+        (inbox.is_full() && !self.holds_lock()).then(|| self.lock())
+    }
+
+    /// Whether this thread holds the lock, in a channel with an inbox: a send made by user
+    /// code that runs under it.
+    fn holds_lock(&self) -> bool {
+        HOLDING.get() & !OWED == self.addr()
+    }
+
+    fn addr(&self) -> usize {
+        std::ptr::from_ref(self) as usize
     }
 
     fn now(&self) -> u64 {
@@ -842,16 +895,25 @@ where
             Err(Closed { entry, seen }) => {
                 if seen {
                     // A receiver may have found it in flight, and wait for it to finish.
-                    self.lock().wake_receivers();
+                    self.wake_after_inbox();
                 }
                 return Err(entry.item);
             }
         };
         if pushed.earlier || pushed.closed {
-            // Taking the lock takes the value in; the receivers then look again.
-            self.lock().wake_receivers();
+            self.wake_after_inbox();
         }
         Ok(())
+    }
+
+    /// Wakes the receivers after a send through the inbox: taking the lock takes the value
+    /// in, and the receivers then look again. A send from user code under the lock leaves
+    /// that to the lock's holder, its own caller, which does it before it lets go.
+    fn wake_after_inbox(&self) {
+        match self.holds_lock() {
+            true => HOLDING.set(self.addr() | OWED),
+            false => self.lock().wake_receivers(),
+        }
     }
 
     /// Sends `item`, waiting for room: the core of `send`.
@@ -1157,6 +1219,7 @@ where
             inbox_spares: Vec::new(),
             inbox_lost: Vec::new(),
             inbox_leads: false,
+            held_before: 0,
         }),
         config,
         epoch: parts.epoch,
