@@ -472,8 +472,9 @@ impl<S, K, V> Sender<S, K, V> {
         self.inner.stats()
     }
 
-    /// Takes back the value the [`Sink`] impl holds, if it has not gone in yet, and gives up
-    /// its place in the line of waiting senders.
+    /// Takes back the value the [`Sink`] impl holds, if it has not gone in yet, and stops
+    /// waiting for room for it (a value held by the `Sink` holds no place in the line of
+    /// waiting senders).
     ///
     /// # Examples
     ///

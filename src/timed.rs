@@ -802,8 +802,9 @@ impl<K, V> Sender<K, V> {
         self.inner.stats()
     }
 
-    /// Takes back the value the [`Sink`] impl holds, if it has not gone in yet, and gives up
-    /// its place in the line of waiting senders.
+    /// Takes back the value the [`Sink`] impl holds, if it has not gone in yet, and stops
+    /// waiting for room for it (a value held by the `Sink` holds no place in the line of
+    /// waiting senders).
     ///
     /// # Examples
     ///
@@ -1279,7 +1280,8 @@ impl<K, V> fmt::Debug for Receiver<K, V> {
 /// 3. **Capacity until the decision.** Values in flight count toward `capacity`,
 ///    `max_weight` and `max_keys` until they are acknowledged, given up or dead-lettered:
 ///    room returns on the decision, not when the batch is taken. Dead letters not yet
-///    taken count too.
+///    taken count toward `capacity` and `max_weight` too, but not toward `max_keys`: a
+///    key counts there only while it has values pending or in flight.
 /// 4. **Closing.** When the channel closes, everything is due at once, held retries
 ///    included. The stream ends only when nothing is pending and no delivery is
 ///    undecided, so a retry after the close still goes out.

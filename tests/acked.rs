@@ -302,6 +302,24 @@ async fn untaken_dead_letters_hold_capacity() {
     assert_eq!((stats.dead_lettered, stats.dead_letters), (2, 1));
 }
 
+/// Rule 3: a dead letter not yet taken holds no key slot under `max_keys`: a key counts there
+/// only while it has values pending or in flight.
+#[tokio::test(start_paused = true)]
+async fn untaken_dead_letters_hold_no_key_slot() {
+    let (tx, mut rx) = ordered::Builder::new().max_keys(1).max_attempts(1).acked();
+    let _dead = rx.dead_letters();
+    tx.try_send(0, "a", 1).unwrap();
+    let mut a = rx.recv().await.unwrap();
+    assert!(
+        tx.try_send(0, "b", 2).unwrap_err().is_full(),
+        "a is in flight"
+    );
+    a.remove(0).retry().await.unwrap();
+    assert_eq!(rx.stats().dead_letters, 1);
+    tx.try_send(0, "b", 2).unwrap();
+    assert_eq!(contents(&rx.recv().await.unwrap()), vec![("b", vec![2])]);
+}
+
 // ===== rule 4: closing =====
 
 /// Rule 4: closing makes everything due at once, held retries included, and the stream ends

@@ -398,8 +398,10 @@ where
     /// rank and `rank`.
     ///
     /// Returns `true` if this call moved the front of the queue: the queue was empty, or the
-    /// key now stands first with a rank smaller than the smallest before. A push to the key
-    /// that already leads, leaving its rank as it was, returns `false`.
+    /// key now stands first because this call lowered its rank or made it pending, below
+    /// the smallest rank before or equal to it with the older run (ties go to the run that
+    /// started first). A push to the key that already leads, leaving its rank as it was,
+    /// returns `false`.
     ///
     /// # Examples
     ///

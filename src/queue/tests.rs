@@ -132,6 +132,10 @@ fn leads_reports_new_front_only() {
     assert!(!q.push(1, (), 5), "same key, same rank: nothing moved");
     assert!(q.push(3, (), 4), "smaller rank leads");
     assert!(!q.push(4, (), 9));
+    assert!(
+        q.push(1, (), 4),
+        "equal to the smallest, with the older run: leads"
+    );
 }
 
 #[test]
