@@ -38,9 +38,9 @@
 //!
 //! `Hash` and `Eq` of `K` run only while a value goes in (or a key is promoted), before the
 //! queue changes, and in [`contains_key`](SortedQueue::contains_key); the queue stores each
-//! key's hash and never calls them while taking batches or growing. `Ord` and `Clone` of `R`, and `Clone` of `K`, run before the data they guard
-//! moves. If any of them panics, the call panics and the queue stays whole: no other key's
-//! values are lost.
+//! key's hash and never calls them while taking batches or growing. `Ord` and `Clone` of
+//! `R`, and `Clone` of `K`, run before the data they guard moves. If any of them panics,
+//! the call panics and the queue stays whole: no other key's values are lost.
 //!
 //! Splitting a key (when it does not fit in a batch) clones it. If that `Clone` panics, the
 //! key is not split again: from then on its values go out together, whole (alone, even past
@@ -123,6 +123,20 @@ impl<R, K> Default for Plan<R, K> {
             shares: Vec::new(),
             kept: Vec::new(),
         }
+    }
+}
+
+impl<R, K> Plan<R, K> {
+    /// Kept for the next batch, and given back, as the index is, once mostly unused: a plan
+    /// that outlives a burst would hold its bytes per key. `planned`: the last batch's keys.
+    fn shrink(&mut self, planned: usize) {
+        fn shrink<T>(list: &mut Vec<T>, planned: usize) {
+            if list.capacity() > SMALL && planned * 8 < list.capacity() {
+                list.shrink_to(planned * 2);
+            }
+        }
+        shrink(&mut self.shares, planned);
+        shrink(&mut self.kept, planned);
     }
 }
 
@@ -782,14 +796,7 @@ where
             out(taken, left);
         }
         drop(kept);
-        // Kept for the next batch, and given back, as the index is, once mostly unused: a
-        // plan that outlives a burst would hold its bytes per key.
-        if plan.shares.capacity() > SMALL && planned * 8 < plan.shares.capacity() {
-            plan.shares.shrink_to(planned * 2);
-        }
-        if plan.kept.capacity() > SMALL && planned * 8 < plan.kept.capacity() {
-            plan.kept.shrink_to(planned * 2);
-        }
+        plan.shrink(planned);
         self.plans = plan;
         self.shrink();
     }
