@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::consumers::Json;
-use crate::measure::{cpu_ns, proc_status_kb, GLOBAL, IDLE_AFTER_SENT_NS};
+use crate::measure::{cpu_ns, proc_status_kb, IDLE_AFTER_SENT_NS};
 use crate::plan::{Workload, ZIPF_EXPONENT};
 use crate::variants::{self, LATENESS};
 use crate::verify::{LatenessSink, Verifier};
@@ -32,7 +32,6 @@ pub(crate) struct RunResult {
     pub(crate) values_per_delivery: f64,
     pub(crate) peak_rss_mb: f64,
     pub(crate) rss_end_mb: f64,
-    pub(crate) allocs_per_value: f64,
 }
 
 /// What a lateness child measured: the spread of lateness over its deliveries.
@@ -85,7 +84,6 @@ pub(crate) fn throughput(args: &[String]) -> RunResult {
         values,
         keys,
     };
-    let before = GLOBAL.stats();
     let cpu_before = cpu_ns();
     let start = Instant::now();
     let sink = match workload {
@@ -105,17 +103,13 @@ pub(crate) fn throughput(args: &[String]) -> RunResult {
     let idle = Duration::from_nanos(IDLE_AFTER_SENT_NS.load(Relaxed));
     let elapsed = start.elapsed().saturating_sub(idle);
     let cpu = cpu_ns() - cpu_before;
-    let after = GLOBAL.stats();
     sink.finish();
-    let allocs =
-        (after.allocations + after.reallocations) - (before.allocations + before.reallocations);
     RunResult {
         ns_per_value: elapsed.as_nanos() as f64 / values as f64,
         cpu_ns_per_value: cpu as f64 / values as f64,
         values_per_delivery: values as f64 / sink.deliveries as f64,
         peak_rss_mb: proc_status_kb("VmHWM") as f64 / 1024.0,
         rss_end_mb: sink.rss_end_kb as f64 / 1024.0,
-        allocs_per_value: allocs as f64 / values as f64,
     }
 }
 

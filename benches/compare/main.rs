@@ -69,9 +69,11 @@
 //! ns per value: wall time from the first send to the last value checked, less the time the
 //! consumer sat suspended after the last send (waiting out the last windows, or the origin's
 //! naps), over values; CPU ns per value (every thread, from `/proc/self/task/*/schedstat`);
-//! values per delivery (how well values batch up per key; 1 for `mpsc`); peak RSS (`VmHWM`), RSS once everything drained (`VmRSS`, channel still alive), and
-//! allocations per value (`alloc` plus `realloc` calls, whole process, counted by
-//! `stats_alloc`). Lateness: one producer paces 200,000 values/s for 2 s into a 20 ms window;
+//! values per delivery (how well values batch up per key; 1 for `mpsc`); peak RSS (`VmHWM`),
+//! and RSS once everything drained (`VmRSS`, channel still alive). Allocations are not
+//! counted: a counting allocator adds atomic operations to every `alloc` and `free`, and so
+//! charges each variant by how much it allocates (it made `timed` about a tenth slower at
+//! w0-p1-m1k, and `mpsc`, which allocates little, no slower). Lateness: one producer paces 200,000 values/s for 2 s into a 20 ms window;
 //! for each delivered key, delivery time minus its deadline (the send time of the oldest value
 //! in that delivery plus the window). A negative figure is an early delivery.
 //!

@@ -1,17 +1,11 @@
-//! What a child measures about itself: allocations, CPU time, memory, and how long the
-//! consumer sat idle after the last send.
+//! What a child measures about itself: CPU time, memory, and how long the consumer sat idle
+//! after the last send.
 
-use std::alloc::System;
 use std::future::{poll_fn, Future};
 use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::OnceLock;
 use std::time::Instant;
-
-use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
-
-#[global_allocator]
-pub(crate) static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
 /// When the last producer of this process's run finished sending.
 pub(crate) static SENT_ALL: OnceLock<Instant> = OnceLock::new();

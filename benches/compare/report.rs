@@ -112,7 +112,6 @@ impl Report {
                                 ns_per_value: round2(s.figure(v, |r| r.ns_per_value)),
                                 cpu_ns_per_value: round2(s.figure(v, |r| r.cpu_ns_per_value)),
                                 peak_rss_mb: round2(s.figure(v, |r| r.peak_rss_mb)),
-                                allocs_per_value: round2(s.figure(v, |r| r.allocs_per_value)),
                             };
                             (v.to_string(), out)
                         })
@@ -140,7 +139,6 @@ struct VariantOut {
     ns_per_value: f64,
     cpu_ns_per_value: f64,
     peak_rss_mb: f64,
-    allocs_per_value: f64,
 }
 
 /// The lateness figures of one variant at one key count: medians over rounds, the worst
@@ -168,9 +166,9 @@ pub(crate) fn markdown(md: &mut String, plan: &Plan, scenarios: &[ScenarioRuns],
     );
     let _ = writeln!(
         md,
-        "| scenario | variant | ns/value | min–max | CPU ns/value | values/delivery | peak RSS MB | RSS end MB | allocs/value | ×mpsc | ×diy |"
+        "| scenario | variant | ns/value | min–max | CPU ns/value | values/delivery | peak RSS MB | RSS end MB | ×mpsc | ×diy |"
     );
-    let _ = writeln!(md, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+    let _ = writeln!(md, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|");
     for s in scenarios.iter().filter(|s| !s.runs.is_empty()) {
         for (variant, runs) in &s.runs {
             let ns: Vec<f64> = runs.iter().map(|r| r.ns_per_value).collect();
@@ -188,7 +186,7 @@ pub(crate) fn markdown(md: &mut String, plan: &Plan, scenarios: &[ScenarioRuns],
                 .flatten();
             let _ = writeln!(
                 md,
-                "| {} | {} | {:.0} | {:.0}–{:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.2} | {} | {} |",
+                "| {} | {} | {:.0} | {:.0}–{:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {} | {} |",
                 s.scenario.name(),
                 variant,
                 median(&ns),
@@ -198,7 +196,6 @@ pub(crate) fn markdown(md: &mut String, plan: &Plan, scenarios: &[ScenarioRuns],
                 s.figure(variant, |r| r.values_per_delivery),
                 s.figure(variant, |r| r.peak_rss_mb),
                 s.figure(variant, |r| r.rss_end_mb),
-                s.figure(variant, |r| r.allocs_per_value),
                 fmt_ratio(vs_mpsc),
                 fmt_ratio(diy),
             );

@@ -40,14 +40,13 @@ pub(crate) fn throughput(plan: &Plan) -> Vec<ScenarioRuns> {
                 ];
                 let result: RunResult = child::run(child::THROUGHPUT_FLAG, &child_args);
                 eprintln!(
-                    "  round {}/{} {:<12} {:<15} {:>9.1} ns/value {:>8.1} MB peak {:>6.2} allocs/value",
+                    "  round {}/{} {:<12} {:<15} {:>9.1} ns/value {:>8.1} MB peak",
                     round + 1,
                     plan.rounds,
                     sc.name(),
                     variant,
                     result.ns_per_value,
                     result.peak_rss_mb,
-                    result.allocs_per_value
                 );
                 s.runs.entry(variant).or_default().push(result);
             }
