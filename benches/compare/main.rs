@@ -73,8 +73,10 @@
 //! and RSS once everything drained (`VmRSS`, channel still alive). Allocations are not
 //! counted: a counting allocator adds atomic operations to every `alloc` and `free`, and so
 //! charges each variant by how much it allocates (it made `timed` about a tenth slower at
-//! w0-p1-m1k, and `mpsc`, which allocates little, no slower). Lateness: one producer paces 200,000 values/s for 2 s into a 20 ms window;
-//! for each delivered key, delivery time minus its deadline (the send time of the oldest value
+//! w0-p1-m1k, and `mpsc`, which allocates little, no slower).
+//!
+//! Lateness: one producer paces 200,000 values/s for 2 s into a 20 ms window; for each
+//! delivered key, delivery time minus its deadline (the send time of the oldest value
 //! in that delivery plus the window). A negative figure is an early delivery.
 //!
 //! Output: a markdown report on stdout, `target/compare.json` and `target/compare.svg`.

@@ -121,8 +121,7 @@ impl<F: Flavor, K, V> Inbox<F, K, V> {
         // Pairs with the fence in `publish`: either the receiver sees this value in the
         // queue, or this sees the deadline it sleeps until.
         fence(SeqCst);
-        // A load first: most sends do not lower the deadline, and a write to this line on
-        // every send would move it between the producers' cores.
+        // A load first: most sends do not lower the deadline, and so need no atomic write.
         let earlier =
             self.earliest.load(SeqCst) > due && self.earliest.fetch_min(due, SeqCst) > due;
         let closed = self.gate.fetch_sub(1, SeqCst) & CLOSED != 0;
