@@ -30,7 +30,7 @@ use tokio::time::{Instant, Sleep};
 use crate::config::{self, Config, Weigh, Weigher};
 use crate::error::{SendError, TryRecvError, TrySendError};
 use crate::flavor::{self, Clock, Flavor, Joining, Reason};
-use crate::queue::{Inserted, Items, Returned, Run, SortedQueue};
+use crate::queue::{mostly_unused, Inserted, Items, Returned, Run, SortedQueue};
 
 use self::acked::Acked;
 use self::inbox::{Closed, Entry, Inbox};
@@ -468,7 +468,7 @@ impl<F: Flavor, K, V> State<F, K, V> {
         if arrivals.len() > 2 * queue.key_count() + 64 {
             arrivals.retain(|(run, _)| queue.is_pending(*run));
         }
-        if arrivals.capacity() > 4096 && arrivals.len() * 8 < arrivals.capacity() {
+        if mostly_unused(arrivals.len(), arrivals.capacity(), 4096) {
             arrivals.shrink_to(arrivals.len() * 2);
         }
     }

@@ -8,6 +8,7 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};
 use std::mem;
 
+use super::mostly_unused;
 use super::slot::Slot;
 
 /// An index entry. A ticket is *stale* once its slot is gone or has a newer ticket.
@@ -245,18 +246,17 @@ impl<R> Index<R> {
         self.discard_tickets(heap.into_iter().map(|Reverse(t)| t));
     }
 
-    /// Gives memory back once a part is mostly empty. Shrinking to twice the live size
-    /// only when it falls under an eighth keeps this amortized O(1).
+    /// Gives memory back once a part is mostly empty (see [`mostly_unused`]).
     pub(super) fn shrink(&mut self, above: usize)
     where
         R: Ord,
     {
         let fifo = &mut self.fifo;
-        if fifo.capacity() > above && fifo.len() * 8 < fifo.capacity() {
+        if mostly_unused(fifo.len(), fifo.capacity(), above) {
             fifo.shrink_to(fifo.len() * 2);
         }
         let heap = &mut self.heap;
-        if heap.capacity() > above && heap.len() * 8 < heap.capacity() {
+        if mostly_unused(heap.len(), heap.capacity(), above) {
             heap.shrink_to(heap.len() * 2);
         }
     }

@@ -130,14 +130,20 @@ impl<R, K> Plan<R, K> {
     /// Kept for the next batch, and given back, as the index is, once mostly unused: a plan
     /// that outlives a burst would hold its bytes per key. `planned`: the last batch's keys.
     fn shrink(&mut self, planned: usize) {
-        fn shrink<T>(list: &mut Vec<T>, planned: usize) {
-            if list.capacity() > SMALL && planned * 8 < list.capacity() {
-                list.shrink_to(planned * 2);
-            }
+        if mostly_unused(planned, self.shares.capacity(), SMALL) {
+            self.shares.shrink_to(planned * 2);
         }
-        shrink(&mut self.shares, planned);
-        shrink(&mut self.kept, planned);
+        if mostly_unused(planned, self.kept.capacity(), SMALL) {
+            self.kept.shrink_to(planned * 2);
+        }
     }
+}
+
+/// Whether a container with room for `capacity` that holds `used` should give memory back:
+/// it is larger than `above`, and under an eighth full. Shrunk then to twice `used`, it
+/// gives back at amortized O(1).
+pub(crate) fn mostly_unused(used: usize, capacity: usize, above: usize) -> bool {
+    capacity > above && used * 8 < capacity
 }
 
 /// One key's share of a batch.
@@ -1185,7 +1191,7 @@ where
     /// the live size only when it falls under an eighth keeps this amortized O(1).
     fn shrink(&mut self) {
         let live = self.slots.len();
-        if self.slots.capacity() > SHRINK_ABOVE && live * 8 < self.slots.capacity() {
+        if mostly_unused(live, self.slots.capacity(), SHRINK_ABOVE) {
             self.slots.shrink_to(live * 2, |s| s.hash);
         }
         self.index.shrink(SHRINK_ABOVE);
