@@ -4,18 +4,20 @@ use std::error::Error;
 
 use crate::report::ScenarioRuns;
 
-/// ns/value against keys for `timed`, `timed_acked`, `diy_delayqueue`, `origin_port` and
-/// `mpsc` (the floor: no batching at all), one panel per window and producer count.
+/// ns/value against keys for `timed`, `timed_acked`, `diy_delayqueue`, `diy_exact`,
+/// `origin_port` and `mpsc` (the floor: no batching at all), one panel per window and
+/// producer count.
 pub(crate) fn chart(
     path: &std::path::Path,
     scenarios: &[ScenarioRuns],
 ) -> Result<(), Box<dyn Error>> {
     use plotters::prelude::*;
 
-    let lines: [(&str, RGBColor); 5] = [
+    let lines: [(&str, RGBColor); 6] = [
         ("timed", RGBColor(0x1f, 0x77, 0xb4)),
         ("timed_acked", RGBColor(0x94, 0x67, 0xbd)),
         ("diy_delayqueue", RGBColor(0xff, 0x7f, 0x0e)),
+        ("diy_exact", RGBColor(0xd6, 0x27, 0x28)),
         ("origin_port", RGBColor(0x2c, 0xa0, 0x2c)),
         ("mpsc", RGBColor(0x7f, 0x7f, 0x7f)),
     ];

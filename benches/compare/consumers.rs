@@ -3,8 +3,9 @@
 
 use std::cmp::Reverse;
 use std::collections::hash_map::Entry;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::future::Future;
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +14,7 @@ use keyed_batch::ack::{self, Delivery};
 use keyed_batch::Batch;
 use serde::Serialize;
 use tokio::sync::mpsc;
+use tokio::time::{self, Instant};
 use tokio_util::time::DelayQueue;
 
 use crate::measure::waiting;
@@ -90,6 +92,63 @@ pub(crate) async fn consume_delayqueue<V: Value, S: Sink<V>>(
         }
     }
     assert!(pending.is_empty() && timers.is_empty(), "values left over");
+    assert!(
+        rx.try_recv().is_err(),
+        "a value arrived after all were seen"
+    );
+    sink
+}
+
+/// The hand-written batcher with `timed`'s promise: a key is due exactly a window after its
+/// first pending value was sent (the producer stamps each value), and every due key goes
+/// out at once. With one window for every key, deadlines come in the order keys arrive, so
+/// a FIFO of `(deadline, key)` is the timer, and one `Sleep` waits for its front.
+pub(crate) async fn consume_exact<V: Value, S: Sink<V>>(
+    mut rx: mpsc::UnboundedReceiver<(u64, V, Instant)>,
+    window: Duration,
+    mut sink: S,
+) -> S {
+    let mut pending: hashbrown::HashMap<u64, Vec<V>> = hashbrown::HashMap::new();
+    let mut deadlines: VecDeque<(Instant, u64)> = VecDeque::new();
+    let mut buf = Vec::with_capacity(RECV_CHUNK);
+    let mut closed = false;
+    let mut sleep = pin!(time::sleep(Duration::ZERO));
+    loop {
+        for (key, value, sent) in buf.drain(..) {
+            match pending.entry(key) {
+                hashbrown::hash_map::Entry::Occupied(mut entry) => entry.get_mut().push(value),
+                hashbrown::hash_map::Entry::Vacant(entry) => {
+                    deadlines.push_back((sent + window, key));
+                    entry.insert(vec![value]);
+                }
+            }
+        }
+        let now = Instant::now();
+        while let Some(&(_, key)) = deadlines.front().filter(|(due, _)| *due <= now) {
+            deadlines.pop_front();
+            let values = pending.remove(&key).expect("a deadline's key is pending");
+            sink.deliver(key, &values);
+        }
+        if sink.done() {
+            break;
+        }
+        let front = deadlines.front().map(|(due, _)| *due);
+        if let Some(due) = front {
+            sleep.as_mut().reset(due);
+        }
+        waiting(async {
+            tokio::select! {
+                n = rx.recv_many(&mut buf, RECV_CHUNK), if !closed => closed = n == 0,
+                () = sleep.as_mut(), if front.is_some() => {}
+                else => panic!("channel closed with values missing"),
+            }
+        })
+        .await;
+    }
+    assert!(
+        pending.is_empty() && deadlines.is_empty(),
+        "values left over"
+    );
     assert!(
         rx.try_recv().is_err(),
         "a value arrived after all were seen"

@@ -19,6 +19,7 @@
 //! |---|---|
 //! | `mpsc` | `tokio::sync::mpsc::unbounded_channel`, the consumer only checks and counts: the floor |
 //! | `diy_delayqueue` | mpsc into a consumer task holding `HashMap<K, Vec<V>>` and a `tokio_util::time::DelayQueue<K>` |
+//! | `diy_exact` | `timed`'s promise by hand: mpsc of `(key, value, when sent)` into a `HashMap<K, Vec<V>>` and a FIFO of exact deadlines, every due key out at once |
 //! | `origin_port` | the origin's design: one `Mutex<(BTreeMap<Instant, Vec<K>>, HashMap<K, Vec<V>>)>`, pulled, 100 ms naps |
 //! | `timed` | `keyed_batch::timed` |
 //! | `timed_acked` | `keyed_batch::timed` acknowledged (`Builder::acked`): the consumer acks the batch once its values are checked |

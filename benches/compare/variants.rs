@@ -9,16 +9,20 @@ use keyed_batch::{ordered, timed};
 use tokio::sync::mpsc;
 
 use crate::consumers::{
-    consume_batches, consume_binaryheap, consume_delayqueue, consume_mpsc, consume_origin,
+    consume_batches, consume_binaryheap, consume_delayqueue, consume_exact, consume_mpsc,
+    consume_origin,
 };
 use crate::origin::OriginQueue;
 use crate::verify::{Sink, Verifier};
-use crate::workload::{Burst, HeapTx, Load, MpscTx, OrderedTx, OriginTx, Produce, TimedTx, Value};
+use crate::workload::{
+    Burst, HeapTx, Load, MpscTx, OrderedTx, OriginTx, Produce, StampedTx, TimedTx, Value,
+};
 
 /// Every variant, in the order the README table shows them. Window 0 scenarios run all.
-pub(crate) const ALL: [&str; 7] = [
+pub(crate) const ALL: [&str; 8] = [
     "mpsc",
     "diy_delayqueue",
+    "diy_exact",
     "origin_port",
     "timed",
     "timed_acked",
@@ -26,15 +30,22 @@ pub(crate) const ALL: [&str; 7] = [
     "diy_binaryheap",
 ];
 /// The variants that take a window and any value: the only ones windowed scenarios run.
-pub(crate) const WINDOWED: [&str; 5] = [
+pub(crate) const WINDOWED: [&str; 6] = [
     "mpsc",
     "diy_delayqueue",
+    "diy_exact",
     "origin_port",
     "timed",
     "timed_acked",
 ];
 /// The variants the lateness scenario runs, in this order.
-pub(crate) const LATENESS: [&str; 4] = ["timed", "timed_acked", "diy_delayqueue", "origin_port"];
+pub(crate) const LATENESS: [&str; 5] = [
+    "timed",
+    "timed_acked",
+    "diy_delayqueue",
+    "diy_exact",
+    "origin_port",
+];
 
 /// Runs `variant` once in a `u64` throughput scenario: starts its consumer with `sink`,
 /// sends `load` through it, and hands the sink back once every value has arrived, failing
@@ -81,6 +92,11 @@ pub(crate) async fn run<V: Value, S: Sink<V>>(
             let (tx, rx) = mpsc::unbounded_channel();
             let consumer = consume_delayqueue(rx, window, sink);
             drive(consumer, MpscTx(tx), &load, limit).await
+        }
+        "diy_exact" => {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let consumer = consume_exact(rx, window, sink);
+            drive(consumer, StampedTx(tx), &load, limit).await
         }
         "origin_port" => {
             let queue = Arc::new(OriginQueue::new(window));

@@ -182,6 +182,18 @@ impl<V: Value> Produce<V> for MpscTx<V> {
     }
 }
 
+/// An mpsc sender that stamps each value with when it was sent, for `diy_exact`.
+#[derive(Clone)]
+pub(crate) struct StampedTx<V>(pub(crate) mpsc::UnboundedSender<(u64, V, tokio::time::Instant)>);
+
+impl<V: Value> Produce<V> for StampedTx<V> {
+    fn put(&self, key: u64, value: V) -> impl Future<Output = ()> + Send {
+        let sent = tokio::time::Instant::now();
+        self.0.send((key, value, sent)).expect("consumer is alive");
+        std::future::ready(())
+    }
+}
+
 #[derive(Clone)]
 pub(crate) struct HeapTx(pub(crate) mpsc::UnboundedSender<(u32, u64, u64)>);
 
