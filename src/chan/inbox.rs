@@ -66,10 +66,60 @@ pub(super) const CLOSED: usize = 1 << (usize::BITS - 1);
 /// `benches/compare`).
 const BOUND: usize = 4096;
 
-/// A value sent through the inbox, with when it arrived (on the channel's clock).
+/// A value sent through the inbox, with when it arrived (on the channel's clock). It holds
+/// what an [`Item`] does but a log record, which a channel with an inbox has no use for:
+/// every value sent through the inbox moves from one core's cache to another's, so each
+/// byte counts.
 pub(super) struct Entry<F: Flavor, K, V> {
-    pub(super) item: Item<F, K, V>,
+    input: F::Input,
+    hash: u64,
+    key: K,
+    value: V,
+    weight: usize,
     pub(super) arrival: u64,
+}
+
+impl<F: Flavor, K, V> Entry<F, K, V> {
+    pub(super) fn new(item: Item<F, K, V>, arrival: u64) -> Self {
+        debug_assert!(item.seq.is_none(), "a channel with an inbox keeps no log");
+        let Item {
+            input,
+            hash,
+            key,
+            value,
+            weight,
+            ..
+        } = item;
+        Entry {
+            input,
+            hash,
+            key,
+            value,
+            weight,
+            arrival,
+        }
+    }
+
+    pub(super) fn into_item(self) -> Item<F, K, V> {
+        let Entry {
+            input,
+            hash,
+            key,
+            value,
+            weight,
+            ..
+        } = self;
+        Item {
+            input,
+            hash,
+            key,
+            value,
+            weight,
+            seq: None,
+            #[cfg(feature = "durable")]
+            encoded: None,
+        }
+    }
 }
 
 /// See the module docs.
@@ -139,9 +189,16 @@ impl<F: Flavor, K, V> Inbox<F, K, V> {
 
     /// The values in the inbox now, oldest first. Producers that keep pushing must not keep
     /// the lock holder taking in for ever: what they push meanwhile was sent after this.
-    pub(super) fn take(&self) -> impl Iterator<Item = Entry<F, K, V>> + '_ {
+    ///
+    /// All of them are popped before any goes into the queue. Each pop is an atomic
+    /// read-modify-write, which waits for the stores before it; popped between inserts,
+    /// whose stores miss the cache, a pop waited for each of them (at w50-p4-m1k, popping
+    /// first took 0.82-0.85 of the time, medians of 8-12 alternating runs).
+    pub(super) fn take(&self) -> Vec<Entry<F, K, V>> {
         let present = self.queue.len();
-        iter::from_fn(|| self.queue.pop()).take(present)
+        let mut taken = Vec::with_capacity(present);
+        taken.extend(iter::from_fn(|| self.queue.pop()).take(present));
+        taken
     }
 
     /// Publishes the deadline a receiver is about to sleep until (`None`: no deadline);

@@ -852,7 +852,9 @@ where
             state.counts.lost += (state.inbox_lost.len() - before) as u64;
             return;
         }
-        for Entry { item, arrival } in inbox.take() {
+        for entry in inbox.take() {
+            let arrival = entry.arrival;
+            let item = entry.into_item();
             let (hash, values, keys) = (item.hash, state.queue.len(), state.queue.key_count());
             let put = panic::catch_unwind(AssertUnwindSafe(|| {
                 self.insert_at(state, item, Some(arrival))
@@ -890,14 +892,14 @@ where
         // The arrival is now: the value is due a window after this, whenever it is taken in.
         let arrival = self.now();
         let due = F::due_alone(&item.input, arrival, self.epoch, &self.config);
-        let pushed = match inbox.push(Entry { item, arrival }, due) {
+        let pushed = match inbox.push(Entry::new(item, arrival), due) {
             Ok(pushed) => pushed,
             Err(Closed { entry, seen }) => {
                 if seen {
                     // A receiver may have found it in flight, and wait for it to finish.
                     self.wake_after_inbox();
                 }
-                return Err(entry.item);
+                return Err(entry.into_item());
             }
         };
         if pushed.earlier || pushed.closed {
