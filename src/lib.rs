@@ -227,11 +227,12 @@
 //! `max_batch_weight`, when they do not. `drain_now` hands over the batches it took before
 //! such a panic, and panics only if it took none.
 //!
-//! The exception is a send that finds the lock held. In a channel with none of `capacity`,
-//! `max_weight`, `max_keys`, `max_values_per_key` and `max_key_weight`, and that does not
-//! acknowledge, such a send does not wait to put its value in: it leaves it, with the time
-//! it arrived, in an inbox of about 4,096 values, and the next call that takes the lock, on
-//! any handle, puts the inbox's values in first. (The send still waits for the lock when
+//! The exception is a send that finds the lock held, or values already waiting in the
+//! inbox. In a channel with none of `capacity`, `max_weight`, `max_keys`,
+//! `max_values_per_key` and `max_key_weight`, and that does not acknowledge, such a send
+//! does not wait to put its value in: it leaves it, with the time it arrived, in an inbox
+//! of about 4,096 values, behind the values waiting there, and the next call that takes the
+//! lock, on any handle, puts the inbox's values in first. (The send still waits for the lock when
 //! the inbox is full, and takes it to wake the receivers when its value may be due before
 //! the deadline they sleep until: when it is, and when that deadline is not known, as when
 //! no receiver waits or one has just stopped waiting. A send made by user code under the
@@ -241,9 +242,10 @@
 //! panics, that call does not panic, and every other value goes in: the value is dropped and
 //! counted in [`Stats::lost`](stats::Stats::lost) if the panic came before it went in, and
 //! stays pending, to be delivered, if it came after (another sort key's `Ord`, as the
-//! queue's index settles). A send finds the lock held only while another thread holds it,
-//! or user code that runs under it (an `Eq`, say) sends on the same channel: handles used on
-//! one thread, by code that does not, never see the inbox.
+//! queue's index settles). A send finds the lock held, or values in the inbox, only while
+//! another thread holds the lock or has left values there, or once user code that runs
+//! under the lock (an `Eq`, say) has sent on the same channel: handles used on one thread,
+//! by code that does not, never see the inbox.
 //!
 //! User code that runs under the lock is exactly this: `Eq` of keys (when a value goes in,
 //! or a key is flushed), `Clone` of a key that a batch splits (in an acknowledging channel,

@@ -1,7 +1,8 @@
 //! Sends made by user code under the channel's lock (an `Eq` that sends on the same
 //! channel; the crate docs, "Panics in user code"): in a channel with an inbox they leave
 //! their value there and return, without waiting for the lock, which their own caller holds.
-//! A receiver sleeping until a later deadline is still woken for such a value.
+//! A receiver sleeping until a later deadline is still woken for such a value, and a later
+//! send that finds such values still waiting joins them.
 //!
 //! Keys here all hash alike, so putting a value in compares keys with `Eq`, which runs a
 //! hook the test sets. A send that waited for the lock would wait for ever, so each test runs
@@ -10,8 +11,9 @@
 //! These are about the send that holds the lock, so they are not among the tests `.ci/run`
 //! runs with `KEYED_BATCH_INBOX=always`, where that send goes through the inbox too.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::hash::{Hash, Hasher};
+use std::rc::Rc;
 use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
@@ -40,8 +42,13 @@ fn hook_sends<V: 'static>(
         send(&again);
         keep.send(again).unwrap();
     };
-    HOOK.with(|h| *h.borrow_mut() = Some(Box::new(hook)));
+    set_hook(hook);
     kept
+}
+
+/// Sets this thread's hook.
+fn set_hook(hook: impl FnOnce() + 'static) {
+    HOOK.with(|h| *h.borrow_mut() = Some(Box::new(hook)));
 }
 
 impl PartialEq for Hooked {
@@ -156,4 +163,55 @@ fn eq_that_sends_more_than_the_inbox_holds() {
         values
     });
     assert_eq!(values, (1..=SENT).collect::<Vec<_>>());
+}
+
+/// A send that finds values waiting in the inbox joins them, even with the lock free: its
+/// value goes in behind them, and its key's `Eq` runs in the call that takes the inbox in
+/// (here the receiver's, at the first deadline), not in the send.
+#[test]
+fn a_send_that_finds_values_in_the_inbox_joins_them() {
+    let (eq_in_send, got) = finishes_within(Duration::from_secs(10), || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let (tx, mut rx) = timed::channel(Duration::from_secs(1));
+            let start = Instant::now();
+            let receiver = tokio::spawn(async move {
+                let mut got = Vec::new();
+                while got.len() < 2 {
+                    let batch = rx.next().await.unwrap();
+                    got.push((keys(&batch), start.elapsed()));
+                }
+                got
+            });
+            tx.try_send(Hooked(1), 1).unwrap();
+            // The receiver sleeps until `Hooked(1)` is due, 1 s from now.
+            tokio::task::yield_now().await;
+            tokio::time::advance(Duration::from_millis(500)).await;
+            // Kept to the end: dropping a sender takes the lock, and the inbox in.
+            let _kept = hook_sends(&tx, |tx| tx.try_send(Hooked(2), 2).unwrap());
+            // Compares `Hooked(3)` with `Hooked(1)`, under the lock: the hook sends a value
+            // due at 1.5 s, after the receiver's deadline, so it waits in the inbox.
+            tx.try_send(Hooked(3), 3).unwrap();
+            let eq_ran = Rc::new(Cell::new(false));
+            let ran = Rc::clone(&eq_ran);
+            set_hook(move || ran.set(true));
+            // The lock is free, and the inbox holds `Hooked(2)`'s value.
+            tx.try_send(Hooked(4), 4).unwrap();
+            let eq_in_send = eq_ran.get();
+            (eq_in_send, receiver.await.unwrap())
+        })
+    });
+    assert!(!eq_in_send, "the send took the inbox in itself");
+    let (first, second) = (Duration::from_secs(1), Duration::from_millis(1500));
+    assert_eq!(
+        got,
+        vec![
+            (vec![(1, vec![1])], first),
+            (vec![(3, vec![3]), (2, vec![2]), (4, vec![4])], second),
+        ]
+    );
 }

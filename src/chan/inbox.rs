@@ -1,7 +1,7 @@
 //! The inbox: a bounded lock-free FIFO that sends go through when another thread holds the
-//! channel's lock, so that a send does not wait for the lock while the inbox has room.
-//! Whoever takes the lock next moves its values into the queue, in the order they were
-//! sent, ranked as of when they were sent.
+//! channel's lock, or has left values in the inbox, so that a send does not wait for the
+//! lock while the inbox has room. Whoever takes the lock next moves its values into the
+//! queue, in the order they were sent, ranked as of when they were sent.
 //!
 //! # When a channel has one
 //!
@@ -12,12 +12,18 @@
 //!
 //! # How a send goes in
 //!
-//! A send first tries the lock without waiting. If it gets it, it takes in the inbox and puts
-//! its value in under the lock, exactly as a channel without an inbox does (so `Eq` or `Ord`
-//! of its own key runs in the call, and a panic there is the call's). Only when the lock is
-//! held does the value go into the inbox, with the time it arrived. On one thread the inbox
-//! is therefore never used; with many producers, or a receiver taking a batch, it takes the
-//! values that would have waited for the lock.
+//! A send that finds the inbox empty first tries the lock without waiting. If it gets it, it
+//! puts its value in under the lock, exactly as a channel without an inbox does (so `Eq` or
+//! `Ord` of its own key runs in the call, and a panic there is the call's). Only when the
+//! lock is held, or values wait in the inbox already, does the value go into the inbox,
+//! with the time it arrived. On one thread the inbox is therefore never used; with many
+//! producers, or a receiver taking a batch, it takes the values that would have waited for
+//! the lock.
+//!
+//! A send that finds values waiting joins them rather than taking them in: the next lock
+//! (a receiver's, or a send's that finds the inbox full) takes them all in at once, on one
+//! thread. When each send that won the lock took in the few values there, the queue's cache
+//! lines moved to its core and back at every turn (README, Performance).
 //!
 //! The inbox holds [`BOUND`] values. A send that finds it full waits for the lock, as every
 //! send does in a channel without an inbox: producers faster than the receivers are held

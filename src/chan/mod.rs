@@ -515,16 +515,18 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
     }
 
     /// The lock for a send that holds no place in a line, or `None` if it is to go through
-    /// the inbox instead: the channel has one, another thread holds the lock, and the inbox
-    /// is not full.
+    /// the inbox instead: the channel has one, the inbox is not full, and either another
+    /// thread holds the lock or the inbox holds values already.
     fn lock_to_send(&self) -> Option<Guard<'_, F, K, V>> {
         let Some((inbox, _)) = self.inbox.as_deref() else {
             return Some(self.lock());
         };
+        // A send that finds values in the inbox joins them rather than taking them in
+        // (`inbox`, "How a send goes in").
         #[cfg(feature = "fault-injection")]
-        let try_lock = !self.always_inbox;
+        let try_lock = !self.always_inbox && inbox.is_empty();
         #[cfg(not(feature = "fault-injection"))]
-        let try_lock = true;
+        let try_lock = inbox.is_empty();
         if let Some(guard) = try_lock.then(|| self.try_lock()).flatten() {
             return Some(guard);
         }
