@@ -232,9 +232,9 @@
 //! `max_values_per_key` and `max_key_weight`, and that does not acknowledge, such a send
 //! does not wait to put its value in: it leaves it, with the time it arrived, in an inbox
 //! of about 4,096 values, behind the values waiting there, and the next call that takes the
-//! lock, on any handle, puts the inbox's values in first. (The send still waits for the lock when
-//! the inbox is full, and takes it to wake the receivers when its value may be due before
-//! the deadline they sleep until: when it is, and when that deadline is not known, as when
+//! lock, on any handle, puts the inbox's values in first. (The send still waits for the lock
+//! when the inbox is full, and takes it to wake the receivers when its value may be due
+//! before the deadline they sleep until: when it is, and when that deadline is not known, as when
 //! no receiver waits or one has just stopped waiting. A send made by user code under the
 //! lock, on the thread that holds it, never waits: its value goes in even past the bound,
 //! and the call that holds the lock wakes the receivers before it lets go.) The user code that putting a value in runs, `Eq` of its

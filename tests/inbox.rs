@@ -1,7 +1,8 @@
 //! The inbox path: sends that go through the lock-free inbox instead of the lock, and are
 //! taken in by whoever takes the lock next.
 //!
-//! A send uses the inbox only while the lock is held, which one thread never sees. These
+//! A send uses the inbox only while the lock is held or values wait there, which one thread
+//! never sees (but for the sends `tests/reentry.rs` makes from under the lock). These
 //! tests make every send use it, with `KEYED_BATCH_INBOX=always` (read when a channel is
 //! built, with the `fault-injection` feature), so that the rules can be checked exactly, in
 //! paused time. Every test in this file sets it, so the tests may run in parallel. The model
