@@ -82,6 +82,15 @@ fn finishes_within<T: Send + 'static>(
         .expect("a send waited for the lock its own caller holds")
 }
 
+/// A current-thread runtime with time paused, as these tests' receivers need.
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
 fn keys<V: Copy>(batch: &[(Hooked, Vec<V>)]) -> Vec<(u32, Vec<V>)> {
     batch.iter().map(|(k, v)| (k.0, v.clone())).collect()
 }
@@ -111,12 +120,7 @@ fn eq_that_sends_on_the_same_channel() {
 #[test]
 fn receiver_is_woken_for_a_value_sent_under_the_lock() {
     let got = finishes_within(Duration::from_secs(10), || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        runtime.block_on(async {
+        paused_runtime().block_on(async {
             let (tx, mut rx) = timed::channel(Duration::from_secs(1));
             let start = Instant::now();
             let receiver = tokio::spawn(async move {
@@ -171,12 +175,7 @@ fn eq_that_sends_more_than_the_inbox_holds() {
 #[test]
 fn a_send_that_finds_values_in_the_inbox_joins_them() {
     let (eq_in_send, got) = finishes_within(Duration::from_secs(10), || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        runtime.block_on(async {
+        paused_runtime().block_on(async {
             let (tx, mut rx) = timed::channel(Duration::from_secs(1));
             let start = Instant::now();
             let receiver = tokio::spawn(async move {

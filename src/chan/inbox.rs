@@ -115,16 +115,7 @@ impl<F: Flavor, K, V> Entry<F, K, V> {
             weight,
             ..
         } = self;
-        Item {
-            input,
-            hash,
-            key,
-            value,
-            weight,
-            seq: None,
-            #[cfg(feature = "durable")]
-            encoded: None,
-        }
+        Item::new(input, hash, key, value, weight)
     }
 }
 

@@ -226,6 +226,20 @@ pub(crate) struct Item<F: Flavor, K, V> {
 }
 
 impl<F: Flavor, K, V> Item<F, K, V> {
+    /// An item with no log record yet.
+    fn new(input: F::Input, hash: u64, key: K, value: V, weight: usize) -> Self {
+        Item {
+            input,
+            hash,
+            key,
+            value,
+            weight,
+            seq: None,
+            #[cfg(feature = "durable")]
+            encoded: None,
+        }
+    }
+
     /// What the caller handed in: a refused send gives it back.
     fn into_parts(self) -> (F::Input, K, V) {
         (self.input, self.key, self.value)
@@ -690,14 +704,9 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
             .as_ref()
             .map(|log| log.encode(&input, &key, &value));
         Item {
-            input,
-            hash,
-            key,
-            value,
-            weight,
-            seq: None,
             #[cfg(feature = "durable")]
             encoded,
+            ..Item::new(input, hash, key, value, weight)
         }
     }
 }
