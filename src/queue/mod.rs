@@ -94,7 +94,7 @@ pub struct SortedQueue<R, K, V> {
     /// Held slots with no values (see [`take_held`](Self::take_held)).
     held_empty: usize,
     /// The last batch's plan, emptied: kept so that planning the next one allocates nothing.
-    plans: Plan<R, K>,
+    plans: Plan<R, K, V>,
 }
 
 /// How much a [`SortedQueue`] holds without allocating: see [`SortedQueue::capacity`].
@@ -107,34 +107,28 @@ pub struct Capacity {
     pub index: usize,
 }
 
-/// A batch, planned before any value moves: one share a key, in rank order.
+/// A batch, planned before any value leaves the queue: one share a key, in rank order.
 ///
-/// A plan is as long as the batch, and a batch can hold every pending key, so a share is
-/// small, and a key taken whole, its slot removed (the common case), needs nothing else:
-/// its count and weight are the slot's. What a slot that stays needs goes in `kept`.
-struct Plan<R, K> {
-    shares: Vec<Share>,
-    kept: Vec<Kept<R, K>>,
+/// A key taken whole (the common case) leaves the table as it is planned, so that its slot,
+/// a cache miss away in a large table, is read once: the move then reads the plan in order.
+/// Until the plan is done those slots are still the queue's: a panic in user code while it
+/// is made puts them back.
+struct Plan<R, K, V> {
+    shares: Vec<Share<R, K, V>>,
 }
 
-impl<R, K> Default for Plan<R, K> {
+impl<R, K, V> Default for Plan<R, K, V> {
     fn default() -> Self {
-        Plan {
-            shares: Vec::new(),
-            kept: Vec::new(),
-        }
+        Plan { shares: Vec::new() }
     }
 }
 
-impl<R, K> Plan<R, K> {
+impl<R, K, V> Plan<R, K, V> {
     /// Kept for the next batch, and given back, as the index is, once mostly unused: a plan
     /// that outlives a burst would hold its bytes per key. `planned`: the last batch's keys.
     fn shrink(&mut self, planned: usize) {
         if mostly_unused(planned, self.shares.capacity(), SMALL) {
             self.shares.shrink_to(planned * 2);
-        }
-        if mostly_unused(planned, self.kept.capacity(), SMALL) {
-            self.kept.shrink_to(planned * 2);
         }
     }
 }
@@ -147,22 +141,21 @@ pub(crate) fn mostly_unused(used: usize, capacity: usize, above: usize) -> bool 
 }
 
 /// One key's share of a batch.
-struct Share {
-    /// Where the slot sits in the table.
-    bucket: usize,
-    id: u64,
-    /// Whether the slot stays, its share described by the next of the plan's `kept`.
-    kept: bool,
-}
-
-/// The share of a slot that stays: a split, or a hold.
-struct Kept<R, K> {
-    count: usize,
-    weight: usize,
-    /// A copy of the key: the slot keeps the original.
-    copy: K,
-    /// The key's rank, when its slot is held.
-    rank: Option<R>,
+enum Share<R, K, V> {
+    /// The key goes whole: its slot, out of the table.
+    Whole(Slot<R, K, V>),
+    /// The slot stays, in the table: a split, or a hold.
+    Kept {
+        /// Where the slot sits in the table.
+        bucket: usize,
+        id: u64,
+        count: usize,
+        weight: usize,
+        /// A copy of the key: the slot keeps the original.
+        copy: K,
+        /// The key's rank, when its slot is held.
+        rank: Option<R>,
+    },
 }
 
 /// A key taken out with [`SortedQueue::take_held`].
@@ -717,20 +710,13 @@ where
         self.repair();
         // Plan first, then move: every call into user code (`Ord` in the heap, `K::clone`
         // for a split or held key, `R::clone` for a held key) happens while the plan is
-        // made, so a panic there leaves every value in its slot. Only the index can be left
-        // torn, and `repair` mends it.
+        // made, and a panic there puts back the slots it took out, so every value stays.
+        // Only the index can be left torn, and `repair` mends it.
         let mut plan = self.plan(max_values, max_weight, is_due, hold);
         let planned = plan.shares.len();
-        let mut kept = plan.kept.drain(..);
         for (left, share) in (1..=planned).rev().zip(plan.shares.drain(..)) {
-            // Removing planned slots moves no other slot, but check the id all the same.
-            let entry = match self.slots.get_bucket_entry(share.bucket) {
-                Ok(entry) if entry.get().ticket == share.id => entry,
-                _ => unreachable!("a planned slot stays in its bucket"),
-            };
-            let taken = match share.kept {
-                false => {
-                    let (slot, _) = entry.remove();
+            let taken = match share {
+                Share::Whole(slot) => {
                     let weight = slot.weight();
                     self.values -= slot.values.len();
                     self.weight -= weight;
@@ -765,17 +751,27 @@ where
                         run: Run { hash, seq },
                     }
                 }
-                true => {
-                    let share = kept.next().expect("a kept share for each slot that stays");
-                    self.values -= share.count;
-                    self.weight -= share.weight;
-                    let slot = entry.into_mut();
+                Share::Kept {
+                    bucket,
+                    id,
+                    count,
+                    weight,
+                    copy,
+                    rank,
+                } => {
+                    // Removing planned slots moves no other slot, but check the id all the same.
+                    let slot = match self.slots.get_bucket_mut(bucket) {
+                        Some(slot) if slot.ticket == id => slot,
+                        _ => unreachable!("a planned slot stays in its bucket"),
+                    };
+                    self.values -= count;
+                    self.weight -= weight;
                     let run = Run {
                         hash: slot.hash,
                         seq: slot.seq,
                     };
-                    let front = slot.take_front(share.count, share.weight);
-                    let held = share.rank.map(|rank| {
+                    let front = slot.take_front(count, weight);
+                    let held = rank.map(|rank| {
                         self.next_id += 1;
                         slot.ticket = HELD | self.next_id;
                         if slot.values.is_empty() {
@@ -790,9 +786,9 @@ where
                     // Unheld, it is a split: the slot keeps its rank and its ticket.
                     let (hold, rank) = held.unzip();
                     Taken {
-                        key: share.copy,
+                        key: copy,
                         front,
-                        weight: share.weight,
+                        weight,
                         hold,
                         rank,
                         run,
@@ -801,7 +797,6 @@ where
             };
             out(taken, left);
         }
-        drop(kept);
         plan.shrink(planned);
         self.plans = plan;
         self.shrink();
@@ -815,112 +810,121 @@ where
         max_weight: usize,
         mut is_due: impl FnMut(&R) -> bool,
         hold: bool,
-    ) -> Plan<R, K> {
-        let plans = std::mem::take(&mut self.plans);
-        let slots = &self.slots;
+    ) -> Plan<R, K, V> {
+        let mut plan = std::mem::take(&mut self.plans);
+        let shares = &mut plan.shares;
+        let slots = &mut self.slots;
         let unsplittable = &mut self.unsplittable;
+        // Every call into user code is caught, so that the slots already out of the table
+        // can go back before the panic goes on.
         let planned = self.index.guard(|index| {
-            let mut plan = plans;
-            let (mut room, mut room_weight) = (max_values, max_weight);
-            while room > 0 {
-                let Some(side) = index.front_side() else {
-                    break;
-                };
-                let ticket = index.ticket(side);
-                let (hash, id) = (ticket.hash, ticket.id);
-                // One probe per key: it tells whether the ticket is live and finds the slot,
-                // and the move reaches the slot again by its bucket.
-                let Some(bucket) = slots.find_bucket_index(hash, |s| s.ticket == id) else {
-                    // A stale ticket that surfaced once the key ahead of it was planned.
-                    index.pop(side);
-                    continue;
-                };
-                let slot = slots.get_bucket(bucket).expect("bucket just found");
-                // Check what fits before asking whether it is due, so that `is_due` is asked
-                // only about keys that go out.
-                let empty = plan.shares.is_empty();
-                let (mut count, mut weight) = slot.fitting(room, room_weight, empty);
-                let run = Run {
-                    hash,
-                    seq: slot.seq,
-                };
-                let len = slot.values.len();
-                // A key whose `Clone` panicked cannot be split, nor held: whole and alone,
-                // or not in this batch.
-                let unclonable = unsplittable.contains(&run);
-                if unclonable && count < len {
-                    (count, weight) = match empty {
-                        true => (len, slot.weight()),
-                        false => (0, 0),
+            panic::catch_unwind(AssertUnwindSafe(|| {
+                let (mut room, mut room_weight) = (max_values, max_weight);
+                while room > 0 {
+                    let Some(side) = index.front_side() else {
+                        break;
                     };
-                }
-                if count == 0 || !is_due(&ticket.rank) {
-                    break;
-                }
-                // A value heavier than the whole cap goes out alone, and so does a key that
-                // cannot be split.
-                let alone = weight > room_weight || count > room;
-                room = room.saturating_sub(count);
-                room_weight = room_weight.saturating_sub(weight);
-                let whole = count == len;
-                let keep = (hold || !whole) && !unclonable;
-                if keep {
-                    let key = &slot.key;
-                    let copy = match panic::catch_unwind(AssertUnwindSafe(|| key.clone())) {
-                        Ok(key) => key,
-                        Err(panic) => {
-                            unsplittable.push(run);
-                            return Err(panic);
-                        }
+                    let ticket = index.ticket(side);
+                    let (hash, id) = (ticket.hash, ticket.id);
+                    // One probe per key: it tells whether the ticket is live and finds the
+                    // slot, which either leaves the table here or is reached again by its
+                    // bucket.
+                    let Ok(entry) = slots.find_entry(hash, |s| s.ticket == id) else {
+                        // A stale ticket that surfaced once the key ahead of it was planned.
+                        index.pop(side);
+                        continue;
                     };
-                    let rank = match hold {
-                        false => None,
+                    let slot = entry.get();
+                    // Check what fits before asking whether it is due, so that `is_due` is
+                    // asked only about keys that go out.
+                    let empty = shares.is_empty();
+                    let (mut count, mut weight) = slot.fitting(room, room_weight, empty);
+                    let run = Run {
+                        hash,
+                        seq: slot.seq,
+                    };
+                    let len = slot.values.len();
+                    // A key whose `Clone` panicked cannot be split, nor held: whole and
+                    // alone, or not in this batch.
+                    let unclonable = unsplittable.contains(&run);
+                    if unclonable && count < len {
+                        (count, weight) = match empty {
+                            true => (len, slot.weight()),
+                            false => (0, 0),
+                        };
+                    }
+                    if count == 0 || !is_due(&ticket.rank) {
+                        break;
+                    }
+                    // A value heavier than the whole cap goes out alone, and so does a key
+                    // that cannot be split.
+                    let alone = weight > room_weight || count > room;
+                    room = room.saturating_sub(count);
+                    room_weight = room_weight.saturating_sub(weight);
+                    let split = count < len;
+                    if (hold || split) && !unclonable {
+                        let key = &slot.key;
+                        let copy = match panic::catch_unwind(AssertUnwindSafe(|| key.clone())) {
+                            Ok(copy) => copy,
+                            Err(panic) => {
+                                unsplittable.push(run);
+                                panic::resume_unwind(panic);
+                            }
+                        };
                         // A rank whose `Clone` panics makes the key one that cannot be
                         // held: next time it goes whole, its slot removed and its rank
                         // moved out.
-                        true => match panic::catch_unwind(AssertUnwindSafe(|| ticket.rank.clone()))
-                        {
-                            Ok(rank) => Some(rank),
-                            Err(panic) => {
-                                unsplittable.push(run);
-                                return Err(panic);
+                        let rank = match hold {
+                            false => None,
+                            true => {
+                                let rank = &ticket.rank;
+                                match panic::catch_unwind(AssertUnwindSafe(|| rank.clone())) {
+                                    Ok(rank) => Some(rank),
+                                    Err(panic) => {
+                                        unsplittable.push(run);
+                                        panic::resume_unwind(panic);
+                                    }
+                                }
                             }
-                        },
-                    };
-                    plan.kept.push(Kept {
-                        count,
-                        weight,
-                        copy,
-                        rank,
-                    });
+                        };
+                        let bucket = entry.bucket_index();
+                        shares.push(Share::Kept {
+                            bucket,
+                            id,
+                            count,
+                            weight,
+                            copy,
+                            rank,
+                        });
+                    } else {
+                        shares.push(Share::Whole(entry.remove().0));
+                    }
+                    // A split key keeps its ticket, and its place at the front; every other
+                    // key leaves the index here.
+                    if split && !hold {
+                        break;
+                    }
+                    index.pop(side);
+                    if alone || split {
+                        break;
+                    }
                 }
-                let split = !whole;
-                plan.shares.push(Share {
-                    bucket,
-                    id,
-                    kept: keep,
-                });
-                // A split key keeps its ticket, and its place at the front; every other
-                // key leaves the index here.
-                if split && !hold {
-                    break;
-                }
-                index.pop(side);
-                if alone || split {
-                    break;
-                }
-            }
-            index.prune(|t| slots.find(t.hash, |s| s.ticket == t.id).is_some());
-            Ok(plan)
+                index.prune(|t| slots.find(t.hash, |s| s.ticket == t.id).is_some());
+            }))
         });
-        match planned {
-            Ok(plan) => plan,
-            Err(panic) => {
-                // The tickets popped for planned keys must come back: rebuild the index.
-                self.rebuild();
-                panic::resume_unwind(panic)
+        if let Err(panic) = planned {
+            // The slots planned whole go back, and the tickets popped for planned keys with
+            // them: rebuild the index.
+            for share in plan.shares.drain(..) {
+                if let Share::Whole(slot) = share {
+                    self.slots.insert_unique(slot.hash, slot, |s| s.hash);
+                }
             }
+            self.plans = plan;
+            self.rebuild();
+            panic::resume_unwind(panic)
         }
+        plan
     }
 
     /// Whether `key` has pending values.
