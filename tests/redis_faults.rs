@@ -794,7 +794,13 @@ async fn a_full_queue_makes_send_wait_until_an_ack() {
         let tx = tx.clone();
         async move { tx.send(3, 3).await }
     });
-    let batch = step("the first batch", rx.recv()).await.unwrap().unwrap();
+    // The two keys come due up to a send's round trip apart: on a loaded machine that is
+    // more than the window, and they come in two batches. Both stay in flight, unacked.
+    let mut batch = step("the first batch", rx.recv()).await.unwrap().unwrap();
+    if batch.len() < 2 {
+        let second = step("the second batch", rx.recv()).await.unwrap().unwrap();
+        batch.extend(second);
+    }
     assert_eq!(batch.len(), 2);
     tokio::time::sleep(ms(300)).await;
     assert!(
