@@ -298,6 +298,36 @@ fn panicking_ord_loses_nothing() {
     assert_eq!(batch, want);
 }
 
+/// A key planned whole leaves the table before the keys behind it are looked at: a panic
+/// in `is_due` for a later key must put it back, in its place.
+#[test]
+fn panicking_is_due_puts_planned_keys_back() {
+    let mut q = SortedQueue::new();
+    for id in 1..=4u32 {
+        q.push(id, id * 10, id); // in rank order: the FIFO, where no `Ord` runs
+    }
+    q.push(1, 11, 1);
+    assert!(panics(|| {
+        q.pop_batch(usize::MAX, |rank| {
+            assert_ne!(*rank, 3, "is_due panics at the third key");
+            true
+        });
+    }));
+    assert_eq!((q.len(), q.key_count()), (5, 4));
+    assert!((1..=4).all(|id| q.contains_key(&id)));
+    let batch = q.pop_batch(usize::MAX, |_| true);
+    assert_eq!(
+        batch,
+        vec![
+            (1, vec![10, 11]),
+            (2, vec![20]),
+            (3, vec![30]),
+            (4, vec![40])
+        ]
+    );
+    assert!(q.is_empty());
+}
+
 #[test]
 fn weight_caps_batches_and_splits() {
     let mut q = SortedQueue::new();
