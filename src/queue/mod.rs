@@ -126,9 +126,15 @@ impl<R, K, V> Default for Plan<R, K, V> {
 impl<R, K, V> Plan<R, K, V> {
     /// Kept for the next batch, and given back, as the index is, once mostly unused: a plan
     /// that outlives a burst would hold its bytes per key. `planned`: the last batch's keys.
-    fn shrink(&mut self, planned: usize) {
+    /// Nor is it kept larger than the table, `keys`, once that has given memory back: the
+    /// plan that drained a backlog holds a slot a key, and goes with the table it drained.
+    fn shrink(&mut self, planned: usize, keys: usize) {
         if mostly_unused(planned, self.shares.capacity(), SMALL) {
             self.shares.shrink_to(planned * 2);
+        }
+        let most = keys.max(SHRINK_ABOVE);
+        if self.shares.capacity() > most {
+            self.shares.shrink_to(most);
         }
     }
 }
@@ -797,9 +803,9 @@ where
             };
             out(taken, left);
         }
-        plan.shrink(planned);
-        self.plans = plan;
         self.shrink();
+        plan.shrink(planned, self.slots.capacity());
+        self.plans = plan;
     }
 
     /// The shares of the next batch, in rank order; see

@@ -614,3 +614,22 @@ fn values_keep_their_order_in_place_and_in_a_vec() {
         std::mem::size_of::<Vec<u64>>()
     );
 }
+
+/// A batch that drains a backlog leaves no plan behind that is larger than what is left:
+/// the plan holds a slot a key, and goes with the table it drained.
+#[test]
+fn a_drained_backlog_leaves_no_large_plan() {
+    let mut q = SortedQueue::new();
+    for key in 0..100_000u32 {
+        q.push(key, key, 0);
+    }
+    assert_eq!(q.pop_batch(usize::MAX, |_| true).len(), 100_000);
+    assert!(q.capacity().keys < 10_000);
+    assert!(q.plans.shares.capacity() <= SHRINK_ABOVE);
+    // A plan the size of the keys pending is kept for the next batch.
+    for key in 0..3_000u32 {
+        q.push(key, key, 0);
+    }
+    assert_eq!(q.pop_batch(usize::MAX, |_| true).len(), 3_000);
+    assert!(q.plans.shares.capacity() >= 3_000);
+}
