@@ -126,8 +126,9 @@ impl<R, K, V> Default for Plan<R, K, V> {
 impl<R, K, V> Plan<R, K, V> {
     /// Kept for the next batch, and given back, as the index is, once mostly unused: a plan
     /// that outlives a burst would hold its bytes per key. `planned`: the last batch's keys.
-    /// Nor is it kept larger than the table, `keys`, once that has given memory back: the
-    /// plan that drained a backlog holds a slot a key, and goes with the table it drained.
+    /// Nor is it kept with room for more keys than the table has, `keys` (or than
+    /// [`SHRINK_ABOVE`]): the plan that drained a backlog holds a slot a key, and goes with
+    /// the table it drained.
     fn shrink(&mut self, planned: usize, keys: usize) {
         if mostly_unused(planned, self.shares.capacity(), SMALL) {
             self.shares.shrink_to(planned * 2);
