@@ -148,10 +148,17 @@ impl Flavor for Deadlines {
         }
         let now = clock.now();
         let (at, reason) = due_at(&due, now, window, |at| clock.since(at));
-        Some(match full && at > now {
-            true => Deadline::new(now, Reason::FullKey),
-            false => Deadline::new(at, reason),
-        })
+        let (at, reason) = match full && at > now {
+            true => (now, Reason::FullKey),
+            false => (at, reason),
+        };
+        // A key that is due already keeps the reason it came due for (`Deliveries`: the
+        // first reason counts), though an earlier deadline still moves it up.
+        let reason = match current {
+            Some(current) if current.at() <= now => current.reason(),
+            _ => reason,
+        };
+        Some(Deadline::new(at, reason))
     }
 
     fn is_due(deadline: &Deadline, now: u64) -> bool {

@@ -14,6 +14,7 @@ use std::pin::pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use keyed_batch::ack::Delivery;
 use keyed_batch::error::{SendError, TryRecvError, TrySendError};
 use keyed_batch::queue::{Capacity, SortedQueue};
 use keyed_batch::{ordered, timed, Batch};
@@ -339,6 +340,63 @@ async fn unheld_retry_counts_from_the_retry() {
     assert_eq!(rx.stats().oldest_pending, Some(secs(1)));
     let again = rx.try_recv().unwrap().remove(0);
     assert_eq!((again.values(), again.attempt()), (&[1][..], 2));
+}
+
+/// Takes `Touchy(7)`, the only key pending, while its `Clone` panics: the first take
+/// panics, and the next takes it whole and unheld.
+fn take_unheld(rx: &mut ordered::AckReceiver<u8, Touchy, u32>) -> Delivery<Touchy, u32> {
+    arm(7, &[What::Clone]);
+    assert!(panics(|| rx.try_recv()));
+    let delivery = rx.try_recv().unwrap().remove(0);
+    disarm();
+    delivery
+}
+
+/// A key that cannot be held may have two deliveries out. Value 2 goes out three times
+/// while value 1 is out; retried, 1 goes in front of 2, and their delivery's attempt is
+/// the most among them (2's fourth), not the first value's.
+#[tokio::test(start_paused = true)]
+async fn unheld_key_attempt_is_the_most_among_its_values() {
+    let (tx, mut rx) = ordered::Builder::new().acked::<u8, Touchy, u32>();
+    tx.try_send(0, Touchy(7), 1).unwrap();
+    let first = take_unheld(&mut rx);
+    assert_eq!((first.values(), first.attempt()), (&[1][..], 1));
+    tx.try_send(0, Touchy(7), 2).unwrap();
+    for attempt in 1..=3 {
+        let d = rx.try_recv().unwrap().remove(0);
+        assert_eq!((d.values(), d.attempt()), (&[2][..], attempt));
+        d.retry().await.unwrap();
+    }
+    first.retry().await.unwrap();
+    let d = rx.try_recv().unwrap().remove(0);
+    assert_eq!((d.values(), d.attempt()), (&[1, 2][..], 4));
+}
+
+/// A key that cannot be held goes back at once when retried, whatever the delay asked for
+/// (crate docs, *Panics in user code*).
+#[tokio::test(start_paused = true)]
+async fn unheld_key_retry_after_goes_back_at_once() {
+    let (tx, mut rx) = ordered::Builder::new().acked::<u8, Touchy, u32>();
+    tx.try_send(0, Touchy(7), 1).unwrap();
+    take_unheld(&mut rx).retry_after(secs(5)).await.unwrap();
+    let again = rx.try_recv().unwrap().remove(0);
+    assert_eq!((again.values(), again.attempt()), (&[1][..], 2));
+}
+
+/// Each retry of a key that cannot be held puts its values in front of the key's pending
+/// ones: the values retried last come first, whatever order they were sent in.
+#[tokio::test(start_paused = true)]
+async fn unheld_key_retries_go_back_last_retried_first() {
+    let (tx, mut rx) = ordered::Builder::new().acked::<u8, Touchy, u32>();
+    tx.try_send(0, Touchy(7), 1).unwrap();
+    let first = take_unheld(&mut rx);
+    tx.try_send(0, Touchy(7), 2).unwrap();
+    let second = rx.try_recv().unwrap().remove(0); // out while 1 is
+    tx.try_send(0, Touchy(7), 3).unwrap(); // waits behind 2, which is held
+    first.retry().await.unwrap();
+    second.retry().await.unwrap();
+    let d = rx.try_recv().unwrap().remove(0);
+    assert_eq!(d.values(), &[2, 1, 3]);
 }
 
 /// A key whose `Clone` panicked goes out whole: alone when it does not fit, and beside
@@ -810,25 +868,56 @@ fn replaced_and_stale_ranks_are_dropped_outside_the_lock() {
     });
 }
 
+/// Sends one value for `Reentrant(1)` through an acknowledging channel, takes its delivery,
+/// and decides it with `decide` while every `Reentrant` drop uses the channel (and would
+/// deadlock under its lock). Returns how many drops ran the hook, and the receiver.
+fn decide_with_drop_hook(
+    decide: impl FnOnce(&tokio::runtime::Runtime, Delivery<Reentrant, u32>),
+) -> (usize, timed::AckReceiver<Reentrant, u32>) {
+    let rt = paused_runtime();
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO).acked::<Reentrant, u32>();
+    tx.try_send(Reentrant(1), 1).unwrap();
+    let d = rx.try_recv().unwrap().remove(0);
+    let probe = tx.clone();
+    let hooked = with_drop_hook(
+        move || assert_eq!(probe.len(), probe.len()),
+        || decide(&rt, d),
+    );
+    (hooked, rx)
+}
+
 /// A retried key goes back to the queue, and the key that is not needed any more (the queue
 /// already holds one) is dropped after the lock.
 #[test]
 fn retried_key_is_dropped_outside_the_lock() {
     on_thread("retried key", || {
-        let rt = paused_runtime();
-        let (tx, mut rx) = timed::Builder::new(Duration::ZERO).acked::<Reentrant, u32>();
-        tx.try_send(Reentrant(1), 1).unwrap();
-        let d = rx.try_recv().unwrap().remove(0);
-        let probe = tx.clone();
-        let hooked = with_drop_hook(
-            move || assert_eq!(probe.len(), probe.len()),
-            || rt.block_on(d.retry()).unwrap(),
-        );
+        let (hooked, mut rx) = decide_with_drop_hook(|rt, d| rt.block_on(d.retry()).unwrap());
         assert_eq!(hooked, 1);
         let batch = rx.try_recv().unwrap();
         assert_eq!(batch[0].values(), [1]);
         assert_eq!(batch[0].attempt(), 2);
     });
+}
+
+/// An acknowledged key with nothing newer pending leaves the queue, and the copy of it the
+/// queue kept while the key was in flight used to be dropped under the lock: a `Drop` that
+/// used the channel deadlocked. Now it is dropped after the lock, for `give_up` too.
+#[test]
+fn decided_key_is_dropped_outside_the_lock() {
+    for give_up in [false, true] {
+        on_thread("decided key", move || {
+            let (hooked, rx) = decide_with_drop_hook(|rt, d| match give_up {
+                false => rt.block_on(d.ack()).unwrap(),
+                true => drop(rt.block_on(d.give_up()).unwrap()),
+            });
+            // The delivery's key and the queue's copy.
+            assert_eq!(hooked, 2);
+            assert_eq!(rx.len(), 0);
+            let stats = rx.stats();
+            let decided = (stats.acked, stats.given_up);
+            assert_eq!(decided, (u64::from(!give_up), u64::from(give_up)));
+        });
+    }
 }
 
 // ===== consumers that panic, runtimes that go away =====

@@ -159,6 +159,22 @@ async fn delivered_by_full_key() {
     assert_eq!((stats.delivered, stats.batches), (3, 1));
 }
 
+/// The first reason counts: a key due because it was full stays `full_key` when a later
+/// value's `send_by` moves its deadline further into the past.
+#[tokio::test(start_paused = true)]
+async fn delivered_by_keeps_the_first_reason() {
+    let (tx, mut rx) = timed::Builder::new(WINDOW).max_values_per_key(2).build();
+    let start = Instant::now();
+    advance(secs(5)).await;
+    tx.send("k", 1).await.unwrap();
+    tx.send("k", 2).await.unwrap(); // full: due now
+    advance(secs(1)).await;
+    tx.send_by("k", 3, start + secs(1)).await.unwrap();
+    assert_eq!(rx.try_recv(), Ok(vec![("k", vec![1, 2, 3])]));
+    let by = rx.stats().delivered_by;
+    assert_eq!((by.full_key, by.due), (1, 0));
+}
+
 /// Keys made due by `flush`, `flush_all` or `drain_now` count as `flush`; a key that was
 /// already due when `drain_now` took it counts as `due`.
 #[tokio::test(start_paused = true)]

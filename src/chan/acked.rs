@@ -265,7 +265,9 @@ where
                 // A value that came back knows when it entered; otherwise the run's start
                 // is a time at or before the first value entered.
                 let entered = taken.front.entered.unwrap_or(started);
-                let attempt = taken.front.handed.first().copied().unwrap_or(0) + 1;
+                // The most among the values: the first came back most often, unless its key
+                // could not be held and retries of two deliveries went in out of turn.
+                let attempt = taken.front.handed.iter().max().copied().unwrap_or(0) + 1;
                 *held_values += values;
                 *held_weight += taken.weight;
                 acked.in_flight_values += values;
@@ -300,7 +302,12 @@ where
     /// backoff from a failing destination, not a deadline to flush.
     fn release_retries(&self, state: &mut State<F, K, V>, now: u64) {
         let closed = state.closed_at.is_some();
-        let State { acked, queue, .. } = state;
+        let State {
+            acked,
+            queue,
+            spares,
+            ..
+        } = state;
         let Some(acked) = acked.as_deref_mut() else {
             return;
         };
@@ -312,7 +319,11 @@ where
                 break;
             };
             let rank = F::retried(delayed.rank, now);
-            queue.release(delayed.hold, Release::Lower(rank));
+            // A retried key has values, so it stays; should it not, its key is dropped
+            // after the lock.
+            if let (_, Some(key)) = queue.release(delayed.hold, Release::Lower(rank)) {
+                spares.push((Some(key), None));
+            }
         }
     }
 
@@ -486,7 +497,12 @@ where
             guard.queue.discard(rank);
         }
         if let (Some(hold), Some(release)) = (flight.hold, release) {
-            if guard.queue.release(hold, release) {
+            let (leads, key) = guard.queue.release(hold, release);
+            if key.is_some() {
+                // Dropped after the lock: its `Drop` may use the channel.
+                guard.spares.push((key, None));
+            }
+            if leads {
                 guard.wake_receivers();
             }
         }

@@ -127,10 +127,11 @@ struct State<F: Flavor, K, V> {
     held_weight: usize,
     /// An acknowledging channel's bookkeeping; `None` for a plain one.
     acked: Option<Box<Acked<F, K, V>>>,
-    /// Keys and ranks that values taken in from the inbox did not need, to drop once the
-    /// lock is released. Here rather than in [`Guard`], which every call moves: one more
-    /// `Vec` there made it too big to move without a `memcpy` call.
-    inbox_spares: Vec<Spare<F, K>>,
+    /// Keys and ranks to drop once the lock is released: those that values taken in from
+    /// the inbox did not need, and the keys of holds that ended with nothing pending. Here
+    /// rather than in [`Guard`], which every call moves: one more `Vec` there made it too
+    /// big to move without a `memcpy` call.
+    spares: Vec<Spare<F, K>>,
     /// Values sent through the inbox after the last receiver went, to drop once the lock
     /// is released.
     inbox_lost: Vec<Entry<F, K, V>>,
@@ -318,7 +319,7 @@ impl<F: Flavor, K, V> Drop for Guard<'_, F, K, V> {
             true => state.queue.take_trash(),
             false => Vec::new(),
         };
-        let spares = mem::take(&mut state.inbox_spares);
+        let spares = mem::take(&mut state.spares);
         let lost = mem::take(&mut state.inbox_lost);
         if mem::take(&mut state.inbox_leads) {
             state.receiving.wake_all(&mut self.wakes);
@@ -874,7 +875,7 @@ where
                 Ok((spare, leads)) => {
                     state.inbox_leads |= leads;
                     if spare.0.is_some() || spare.1.is_some() {
-                        state.inbox_spares.push(spare);
+                        state.spares.push(spare);
                     }
                 }
                 // `Ord` of another sort key panicked as the index settled, after the value
@@ -1229,7 +1230,7 @@ where
             acked: parts
                 .acked
                 .then(|| Box::new(Acked::new(config.max_attempts))),
-            inbox_spares: Vec::new(),
+            spares: Vec::new(),
             inbox_lost: Vec::new(),
             inbox_leads: false,
             held_before: 0,

@@ -988,16 +988,17 @@ where
     }
 
     /// Ends a hold: the key is due again by `rank` (see [`Release`]) if it has values, and
-    /// leaves the queue if not. Returns whether the key now leads. Ending a hold that is not
-    /// there does nothing.
-    pub(crate) fn release(&mut self, hold: Hold, rank: Release<R>) -> bool {
+    /// leaves the queue if not. Returns whether the key now leads, and the key if it left,
+    /// for the caller to drop when it chooses: a channel drops keys after its lock. Ending a
+    /// hold that is not there does nothing.
+    pub(crate) fn release(&mut self, hold: Hold, rank: Release<R>) -> (bool, Option<K>) {
         self.repair();
         let held = HELD | hold.id;
         let Ok(entry) = self.slots.find_entry(hold.hash, |s| s.ticket == held) else {
             if let Release::Lower(r) = rank {
                 self.index.discard(r);
             }
-            return false;
+            return (false, None);
         };
         if entry.get().values.is_empty() {
             let (slot, _) = entry.remove();
@@ -1006,7 +1007,7 @@ where
             if let Release::Lower(r) = rank {
                 self.index.discard(r);
             }
-            return false;
+            return (false, Some(slot.key));
         }
         let slot = entry.into_mut();
         self.next_id += 1;
@@ -1032,7 +1033,7 @@ where
         if let Some(old) = old {
             index.discard(old);
         }
-        self.leads(id)
+        (self.leads(id), None)
     }
 
     /// Adds `items` to `key`, whose hash from [`hasher`](Self::hasher) is `hash`, and lowers

@@ -482,14 +482,21 @@ fn a_held_key_is_not_due_until_released() {
     assert!(q.pop_batch(usize::MAX, |_| true).is_empty());
     let hold = taken[0].hold.expect("held");
     assert!(
-        q.release(hold, Release::Keep),
+        q.release(hold, Release::Keep).0,
         "released with values: it leads"
     );
     assert_eq!(q.pop_batch(usize::MAX, |_| true), vec![("a", vec![3])]);
     // "b" had no new values: releasing it removes it.
-    assert!(!q.release(taken[1].hold.expect("held"), Release::Keep));
+    assert_eq!(
+        q.release(taken[1].hold.expect("held"), Release::Keep),
+        (false, Some("b"))
+    );
     assert_eq!(q.slot_count(), 0);
-    assert!(!q.release(hold, Release::Keep), "a hold ends once");
+    assert_eq!(
+        q.release(hold, Release::Keep),
+        (false, None),
+        "a hold ends once"
+    );
 }
 
 #[test]
@@ -515,7 +522,7 @@ fn values_given_back_go_in_front_with_their_counts() {
     };
     assert!(q.give_back(hold, back).is_ok());
     assert_eq!(q.len(), 3);
-    assert!(q.release(hold, Release::Lower(4)));
+    assert_eq!(q.release(hold, Release::Lower(4)), (true, None));
     assert_eq!(q.peek_rank(), Some(&4));
     let again = take_held(&mut q, 2).remove(0);
     assert_eq!(again.front.values, vec![1, 2]);
@@ -525,7 +532,7 @@ fn values_given_back_go_in_front_with_their_counts() {
         "the count of the value that came back"
     );
     assert_eq!(again.front.entered, Some(42));
-    let last = q.release(again.hold.unwrap(), Release::Keep);
+    let (last, _) = q.release(again.hold.unwrap(), Release::Keep);
     assert!(last);
     let rest = take_held(&mut q, 10).remove(0);
     assert_eq!(rest.front.values, vec![3]);
@@ -542,7 +549,7 @@ fn a_held_key_lowers_its_rank_without_a_ticket() {
     assert!(!q.promote(&"a", 2), "a held key does not lead");
     assert_eq!(q.peek_rank(), None);
     q.push("b", 4, 3);
-    assert!(q.release(hold, Release::Keep), "rank 2, ahead of b");
+    assert!(q.release(hold, Release::Keep).0, "rank 2, ahead of b");
     assert_eq!(
         q.pop_batch(10, |_| true),
         vec![("a", vec![2, 3]), ("b", vec![4])]
