@@ -45,7 +45,8 @@ use crate::error::{DeliveryError, TryRecvError};
 /// order they were sent, and a decision to make about them.
 ///
 /// While a key has a delivery that is not decided, its newer values wait: no receiver gets
-/// them (in Redis, while the delivery's lease holds). Decide each delivery with exactly
+/// them (in Redis, while the delivery's lease holds; in memory, unless the key cannot be
+/// held, see *Panics in user code* in the crate docs). Decide each delivery with exactly
 /// one of [`ack`](Self::ack) (done), [`retry`](Self::retry) or
 /// [`retry_after`](Self::retry_after) (the values go back in front of the key's newer
 /// values), or [`give_up`](Self::give_up) (the values leave the channel and come back to
@@ -53,7 +54,8 @@ use crate::error::{DeliveryError, TryRecvError};
 ///
 /// Dropping a delivery undecided retries it at once, as [`retry`](Self::retry) does: a
 /// consumer task that panics or is cancelled halfway loses nothing, and the values come
-/// back with the next attempt.
+/// back with the next attempt (or, past `max_attempts`, go to the dead letters; once every
+/// receiver is gone, they are dropped, as a timed receiver's rule 5 says).
 ///
 /// # Examples
 ///
@@ -151,7 +153,8 @@ impl<K, V> Delivery<K, V> {
         &self.body.as_ref().expect("undecided").0
     }
 
-    /// The values, in the order they were sent: those that came back from a retry first.
+    /// The values, in the order they were sent: those that came back from a retry first
+    /// (for a key that cannot be held, see *Panics in user code* in the crate docs).
     ///
     /// # Examples
     ///
@@ -283,7 +286,8 @@ impl<K, V> Delivery<K, V> {
     }
 
     /// Retries after `delay`: the values go back in front of the key's newer values, and
-    /// the key is held until `delay` has passed. Values sent for it meanwhile join it, and
+    /// the key is held until `delay` has passed (a key that cannot be held goes back at once:
+    /// see *Panics in user code* in the crate docs). Values sent for it meanwhile join it, and
     /// when the delay ends all of them go out in one delivery, still bounded by the batch
     /// caps, with the failed values first.
     ///
@@ -355,7 +359,7 @@ impl<K, V> Delivery<K, V> {
 }
 
 /// Acknowledges every delivery in `deliveries` at once, as [`Delivery::ack`] does for each:
-/// those that came from one channel are decided under one lock, which is cheaper than one
+/// each run of consecutive deliveries from one channel is decided under one lock, which is cheaper than one
 /// lock each when a consumer has pushed a whole batch.
 ///
 /// # Errors

@@ -5,7 +5,8 @@
 use std::error::Error;
 use std::fmt;
 
-/// The channel is closed: returned by `send`, `blocking_send` and `requeue`.
+/// The channel is closed, or this sender was closed as a `Sink`: returned by `send`,
+/// `blocking_send` and `requeue`.
 ///
 /// The value that could not be sent is inside, and [`into_inner`](Self::into_inner) hands it
 /// back.
@@ -52,7 +53,7 @@ pub enum TrySendError<T> {
     /// The channel has no room for the value now: a limit (`capacity`, `max_weight`,
     /// `max_keys`) is reached, or earlier `send` calls are still waiting for room.
     Full(T),
-    /// The channel is closed.
+    /// The channel is closed, or this sender was closed as a `Sink`.
     Closed(T),
 }
 
@@ -74,9 +75,12 @@ pub enum TrySendError<T> {
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TryRecvError {
-    /// No key is due yet. Values may be pending with a later deadline.
+    /// Nothing can go out now: no key is due yet (values may be pending with a later
+    /// deadline), or, in an acknowledging channel, every pending key is in flight or held
+    /// by `retry_after`.
     Empty,
-    /// The channel is closed and every pending value has been delivered.
+    /// The channel is closed and every pending value has been delivered (in an
+    /// acknowledging channel, and every delivery decided).
     Disconnected,
 }
 

@@ -47,11 +47,13 @@
 //! - **`timed`**: a key's deadline is the smallest deadline among its pending values. `send`
 //!   gives a value the deadline `now + window`, taken when the value enters the channel (after
 //!   any wait for room). `send_by(key, value, by)` gives it the earlier of `by` and
-//!   `now + window`: "by" means "at the latest", so the window is the longest any value
-//!   waits. A key is due when its deadline is at or before now. A key holding
+//!   `now + window`: "by" means "at the latest", so no value's deadline is later than
+//!   `window` after it went in. A `by` before the channel was made counts as the moment it
+//!   was made. A key is due when its deadline is at or before now. A key holding
 //!   `max_values_per_key` values (or `max_key_weight` weight) is due at once. A deadline too
 //!   far off to represent (more than about 146 years after the channel was made) is never
-//!   reached: such a key waits for a flush or a close, and is never due early. Time is
+//!   reached: such a key waits for a flush or a close, and is never due early; so, in a
+//!   channel older than that, only a close (or `drain_now`) takes values out. Time is
 //!   [`tokio::time::Instant`]: monotonic, and paused in tests.
 //! - **`ordered`**: every key is due at once; a key ranks by the smallest sort key among its
 //!   pending values, except the rest of a key that a batch split (below).
@@ -122,8 +124,9 @@
 //! for a key slot. Room returns as soon as a batch is taken (in an acknowledging channel,
 //! when a delivery is decided). Values handed back with `requeue` always go in, past any of
 //! these limits. A value held by a sender's `Sink` impl holds no place in line: it goes in
-//! once there is room and no `send` waits, so a sink that is no longer polled holds up no
-//! one.
+//! once there is room and no `send` waits for room (a value for a pending key goes in past
+//! sends that wait for a key slot, as above), so a sink that is no longer polled holds up
+//! no one.
 //!
 //! # Flushing, draining and watching
 //!
@@ -157,7 +160,7 @@
 //! [`give_up`](ack::Delivery::give_up) to take them out. A delivery dropped undecided is
 //! retried at once. While a key has a delivery in flight its newer values wait, so each
 //! customer gets at most one request at a time, in order, across retries. Values in flight
-//! count toward the limits until decided, and a retry past `max_attempts` goes to the
+//! count toward `capacity`, `max_weight` and `max_keys` until decided, and a retry past `max_attempts` goes to the
 //! [`dead letters`](ack::DeadLetters). [`timed::AckReceiver`] lists the rules.
 //!
 //! ```
@@ -256,7 +259,10 @@
 //! in a custom waker anything at all) may wait for the lock, which never comes free. In an
 //! acknowledging channel, a key whose
 //! `Clone` panicked cannot be held: it goes out whole, and its newer values are not held
-//! back while it is in flight. `Hash`, the weigher and, in a durable channel, `Serialize`
+//! back while it is in flight, so it may have more than one delivery out at once. Each retry
+//! of such a key puts its values back at once (`retry_after` does not wait out the delay),
+//! in front of the key's pending values: the values retried last come first, whatever
+//! order they were sent in. `Hash`, the weigher and, in a durable channel, `Serialize`
 //! run before the lock is taken, and never when a delivery is decided. Keys, values and
 //! sort keys are dropped, and wakers woken, after it is released, so their `Drop`, or a
 //! wake, may use the channel; the one exception is the key, value and sort key of a value

@@ -503,7 +503,8 @@ impl<S, K, V> Sender<S, K, V> {
 /// `start_send` takes a value, and `poll_ready` or `poll_flush` sends it, waiting for room as
 /// [`Sender::send`] does, without busy-looping. `poll_close` sends it too, then disconnects
 /// this handle: the handle stops counting as a sender (if it was the last one, the channel
-/// closes and the stream ends), and it refuses later sends.
+/// closes and the stream ends), and it refuses later sends. A clone of a handle closed this
+/// way is closed too, and does not count as a sender either.
 ///
 /// # Errors
 ///
@@ -515,9 +516,10 @@ impl<S, K, V> Sender<S, K, V> {
 ///
 /// A value taken by `start_send` stays in this sender until a later `poll_ready`,
 /// `poll_flush` or `poll_close` sends it. While it waits for room it holds no place in the
-/// line of waiting sends: it goes in once there is room and no `send` call is waiting, so a
-/// sink left unpolled (after a timeout, say) holds up no one. To take the value back, call
-/// [`Sender::abort_send`]; dropping the sender drops it.
+/// line of waiting sends: it goes in once there is room and no `send` call waits for room
+/// (a value for a pending key goes in past sends that wait for a key slot: see *Limits* in
+/// the crate docs), so a sink left unpolled (after a timeout, say) holds up no one. To
+/// take the value back, call [`Sender::abort_send`]; dropping the sender drops it.
 ///
 /// # Panics
 ///
@@ -642,8 +644,8 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
     /// Returns `Poll::Pending` while nothing is pending, and `Poll::Ready(None)` once the
     /// channel is closed and drained.
     ///
-    /// A receiver that returned `Pending` stays registered until it is polled again or
-    /// dropped; the `Stream` impl works the same way. Other clones do not depend on it (see
+    /// A receiver that returned `Pending` stays registered until it is polled again, calls
+    /// `try_recv` or `drain_now`, or is dropped; the `Stream` impl works the same way. Other clones do not depend on it (see
     /// [Cloned receivers](Receiver#cloned-receivers)).
     ///
     /// # Examples
@@ -844,8 +846,9 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Stream for Receiver<S, K, V> {
     }
 }
 
-/// The stream is terminated once this receiver has returned `None`: the channel is closed
-/// and drained, and stays so. A clone of a terminated receiver starts terminated.
+/// The stream is terminated once this receiver has returned `None` (from `recv`,
+/// `poll_recv` or the stream; `try_recv` returning `Disconnected` does not count): the
+/// channel is closed and drained, and stays so. A clone of a terminated receiver starts terminated.
 impl<S: Ord + Clone, K: Hash + Eq + Clone, V> FusedStream for Receiver<S, K, V> {
     fn is_terminated(&self) -> bool {
         self.inner.is_terminated()
@@ -873,7 +876,8 @@ impl<S, K, V> fmt::Debug for Receiver<S, K, V> {
 /// each key comes as a [`Delivery`] to decide, and its newer values wait until it is: the
 /// rules are those of [`timed::AckReceiver`](crate::timed::AckReceiver#rules). A retried key
 /// ranks by the smaller of the sort key it went out with and those of its newer values;
-/// `retry_after` holds it for its delay.
+/// `retry_after` holds it for its delay (but for a key that cannot be held: see *Panics in
+/// user code* in the crate docs).
 ///
 /// # Examples
 ///
@@ -975,8 +979,10 @@ where
     }
 
     /// Takes everything pending now as batches of deliveries split by the caps. Keys in
-    /// flight stay in flight: their newer values are not taken. Keys held by
-    /// [`Delivery::retry_after`] wait out their delay, as they do for `recv`.
+    /// flight stay in flight: their newer values are not taken, nor the rest of a key that a
+    /// cap split, which waits for the first part's decision. Keys held by
+    /// [`Delivery::retry_after`] wait out their delay until the channel closes, as they do
+    /// for `recv`.
     ///
     /// # Examples
     ///
@@ -1123,8 +1129,9 @@ where
     }
 }
 
-/// The stream is terminated once this receiver has returned `None`. A clone of a
-/// terminated receiver starts terminated.
+/// The stream is terminated once this receiver has returned `None` (from `recv`,
+/// `poll_recv` or the stream; `try_recv` returning `Disconnected` does not count). A clone
+/// of a terminated receiver starts terminated.
 impl<S, K, V> FusedStream for AckReceiver<S, K, V>
 where
     S: Ord + Clone + Send + 'static,

@@ -46,7 +46,9 @@ pub struct Stats {
     /// values came for the key while they were in flight, from when the first of those
     /// came; those of a key whose `Clone` panicked, which cannot be held, from the retry.
     pub oldest_pending: Option<Duration>,
-    /// Values accepted by `send`, `try_send` and their kin. Requeues are not counted here.
+    /// Values that went in from `send`, `try_send` and their kin; requeues are not counted
+    /// here, nor a value sent through the inbox that was lost before it went in (see
+    /// `lost`).
     pub sent: u64,
     /// Values handed out in batches (including `drain_now`), requeued or retried ones again
     /// each time.
@@ -94,9 +96,11 @@ pub struct Stats {
     /// Durable channels: bytes cut off the log when it opened: a torn record at its end,
     /// or, with `salvage`, everything from the first bad record on.
     pub log_truncated_bytes: u64,
-    /// Live senders.
+    /// Senders that keep the channel open: live handles, except those closed as a `Sink` and
+    /// their clones.
     pub senders: usize,
-    /// Live receivers.
+    /// Live receivers (`Receiver` and `AckReceiver` handles; dead-letter streams and
+    /// deliveries are not counted).
     pub receivers: usize,
 }
 

@@ -1,5 +1,6 @@
 //! Per-key time-window batching: a key's values come out together, due at most `window`
-//! after the first of them entered the channel.
+//! after the first of them entered the channel (in an acknowledging channel, not before
+//! the key's delivery in flight is decided).
 //!
 //! A value sent with [`Sender::send`] is due `window` after it enters the channel. A key is
 //! due at the smallest deadline among its pending values, so the first value of a quiet key
@@ -659,7 +660,9 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
         sent.map_err(|err| err.map(without_due))
     }
 
-    /// Makes `key` due at once, if it has pending values.
+    /// Makes `key` due at once, if it has pending values. A key held by
+    /// [`Delivery::retry_after`](crate::ack::Delivery::retry_after) still waits out its
+    /// delay, and a key in flight in an acknowledging channel its decision.
     ///
     /// # Examples
     ///
@@ -677,7 +680,9 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
         self.inner.flush(Some(key), Due::Now(Reason::Flush));
     }
 
-    /// Makes every pending key due at once. Keys that come later are not affected.
+    /// Makes every pending key due at once. Keys that come later are not affected. Keys
+    /// held by [`Delivery::retry_after`](crate::ack::Delivery::retry_after) still wait out
+    /// their delay, and keys in flight in an acknowledging channel their decision.
     ///
     /// # Examples
     ///
@@ -840,7 +845,8 @@ impl<K, V> Sender<K, V> {
 /// `start_send` takes a value, and `poll_ready` or `poll_flush` sends it, waiting for room as
 /// [`Sender::send`] does, without busy-looping. `poll_close` sends it too, then disconnects
 /// this handle: the handle stops counting as a sender (if it was the last one, the channel
-/// closes and the stream ends), and it refuses later sends.
+/// closes and the stream ends), and it refuses later sends. A clone of a handle closed this
+/// way is closed too, and does not count as a sender either.
 ///
 /// # Errors
 ///
@@ -852,9 +858,10 @@ impl<K, V> Sender<K, V> {
 ///
 /// A value taken by `start_send` stays in this sender until a later `poll_ready`,
 /// `poll_flush` or `poll_close` sends it. While it waits for room it holds no place in the
-/// line of waiting sends: it goes in once there is room and no `send` call is waiting, so a
-/// sink left unpolled (after a timeout, say) holds up no one. To take the value back, call
-/// [`Sender::abort_send`]; dropping the sender drops it.
+/// line of waiting sends: it goes in once there is room and no `send` call waits for room
+/// (a value for a pending key goes in past sends that wait for a key slot: see *Limits* in
+/// the crate docs), so a sink left unpolled (after a timeout, say) holds up no one. To
+/// take the value back, call [`Sender::abort_send`]; dropping the sender drops it.
 ///
 /// # Panics
 ///
@@ -995,7 +1002,7 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     /// closed and drained. When pending, the waker in `cx` is woken when a key may be due.
     ///
     /// A receiver that returned `Pending` stays registered, with its timer set, until it is
-    /// polled again or dropped; the `Stream` impl works the same way. Other clones do not
+    /// polled again, calls `try_recv` or `drain_now`, or is dropped; the `Stream` impl works the same way. Other clones do not
     /// depend on it (see [Cloned receivers](Receiver#cloned-receivers)).
     ///
     /// # Panics
@@ -1078,7 +1085,8 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
 
     /// When the next batch is due: the earliest deadline among pending keys, or, once the
     /// channel is closed, the earlier of that and the time it closed, since everything is
-    /// then due at once.
+    /// then due at once. A deadline before the channel was made counts as the moment it was
+    /// made.
     ///
     /// `None` when nothing is pending, or, before the channel closes, when no pending key
     /// has a deadline it can reach: a deadline more than about 146 years after the channel
@@ -1246,8 +1254,9 @@ impl<K: Hash + Eq + Clone, V> Stream for Receiver<K, V> {
     }
 }
 
-/// The stream is terminated once this receiver has returned `None`: the channel is closed
-/// and drained, and stays so. A clone of a terminated receiver starts terminated.
+/// The stream is terminated once this receiver has returned `None` (from `recv`,
+/// `poll_recv` or the stream; `try_recv` returning `Disconnected` does not count): the
+/// channel is closed and drained, and stays so. A clone of a terminated receiver starts terminated.
 impl<K: Hash + Eq + Clone, V> FusedStream for Receiver<K, V> {
     fn is_terminated(&self) -> bool {
         self.inner.is_terminated()
@@ -1418,8 +1427,10 @@ where
     }
 
     /// Takes everything pending now, deadlines ignored, as batches of deliveries split by
-    /// the caps. Keys in flight stay in flight: their newer values are not taken. Keys held
-    /// by [`Delivery::retry_after`] wait out their delay, as they do for `recv`.
+    /// the caps. Keys in flight stay in flight: their newer values are not taken, nor the
+    /// rest of a key that a cap split, which waits for the first part's decision. Keys held
+    /// by [`Delivery::retry_after`] wait out their delay until the channel closes, as they
+    /// do for `recv`.
     ///
     /// # Examples
     ///
@@ -1461,7 +1472,8 @@ where
     }
 
     /// When the next batch is due, as [`Receiver::next_deadline`] says; a key held by
-    /// `retry_after` counts from when its delay ends.
+    /// `retry_after` counts from when its delay ends. The newer values of a key in flight
+    /// have no deadline until its delivery is decided: `None` if only they are pending.
     ///
     /// # Examples
     ///
@@ -1598,8 +1610,9 @@ where
     }
 }
 
-/// The stream is terminated once this receiver has returned `None`. A clone of a
-/// terminated receiver starts terminated.
+/// The stream is terminated once this receiver has returned `None` (from `recv`,
+/// `poll_recv` or the stream; `try_recv` returning `Disconnected` does not count). A clone
+/// of a terminated receiver starts terminated.
 impl<K, V> FusedStream for AckReceiver<K, V>
 where
     K: Hash + Eq + Clone + Send + 'static,

@@ -125,6 +125,25 @@ async fn drain_now_leaves_retry_delays_alone() {
     assert_eq!(again, vec![("a", vec![1]), ("b", vec![2])]);
 }
 
+/// `flush` and `flush_all` make pending keys due, but a key held by `retry_after` still
+/// waits out its delay, as their docs say.
+#[tokio::test(start_paused = true)]
+async fn flush_leaves_retry_delays_alone() {
+    let (tx, mut rx) = timed::Builder::new(secs(60)).acked();
+    tx.try_send("k", 1).unwrap();
+    tx.flush(&"k");
+    let delivery = rx.try_recv().unwrap().remove(0);
+    delivery.retry_after(secs(5)).await.unwrap();
+    tx.flush(&"k");
+    assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Empty);
+    tx.flush_all();
+    assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Empty);
+    advance(secs(5)).await;
+    let again = rx.try_recv().unwrap();
+    assert_eq!(contents(&again), vec![("k", vec![1])]);
+    ack_all(again).await;
+}
+
 /// Closing ends every retry delay, and a receiver already waiting for the held key is woken
 /// to take it at once.
 #[tokio::test(start_paused = true)]

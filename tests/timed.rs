@@ -75,6 +75,23 @@ async fn first_value_sets_the_deadline() {
     assert_eq!(Instant::now(), start + secs(3) + WINDOW);
 }
 
+/// When a key is due: a `by` before the channel was made counts as the moment it was made,
+/// so two such keys tie, and go by arrival; `next_deadline` says so.
+#[tokio::test(start_paused = true)]
+async fn send_by_before_the_channel_was_made_counts_from_its_start() {
+    let long_ago = Instant::now();
+    advance(secs(10)).await;
+    let made = Instant::now();
+    let (tx, mut rx) = timed::channel(WINDOW);
+    tx.send_by("late", 1, long_ago + secs(5)).await.unwrap();
+    tx.send_by("early", 2, long_ago + secs(1)).await.unwrap();
+    assert_eq!(rx.next_deadline(), Some(made));
+    assert_eq!(
+        rx.try_recv(),
+        Ok(vec![("late", vec![1]), ("early", vec![2])])
+    );
+}
+
 /// When a key is due: `send_by` tightens a key's deadline, and a later, looser `send_by` does
 /// not move it back.
 #[tokio::test(start_paused = true)]
@@ -681,6 +698,19 @@ async fn unreachable_window_never_comes_due() {
     assert_eq!(rx.try_recv(), Ok(vec![("k", vec![1])]));
 }
 
+/// When a key is due: in a channel older than about 146 years even "now" cannot be
+/// represented, so nothing comes due, a flush included; a close still takes values out.
+#[tokio::test(start_paused = true)]
+async fn a_channel_past_its_range_delivers_on_close() {
+    let (tx, mut rx) = timed::channel(Duration::ZERO);
+    advance(CENTURY_AND_A_HALF).await;
+    tx.send("k", 1).await.unwrap();
+    tx.flush(&"k");
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    drop(tx);
+    assert_eq!(rx.try_recv(), Ok(vec![("k", vec![1])]));
+}
+
 /// When a key is due: a window of 40 years is kept, not cut to 30.
 #[tokio::test(start_paused = true)]
 async fn long_window_is_kept() {
@@ -843,6 +873,20 @@ async fn counters() {
     assert!(rx.is_empty());
     assert!(tx.is_empty());
     assert_eq!(rx.key_count(), 0);
+}
+
+/// Only a `None` from the stream (or `recv`) terminates it: `try_recv` returning
+/// `Disconnected` does not, and the stream then ends at its next poll.
+#[tokio::test(start_paused = true)]
+async fn try_recv_disconnected_does_not_terminate_the_stream() {
+    use futures::stream::FusedStream;
+
+    let (tx, mut rx) = timed::channel::<&str, u32>(WINDOW);
+    drop(tx);
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Disconnected));
+    assert!(!rx.is_terminated());
+    assert_eq!(rx.next().await, None);
+    assert!(rx.is_terminated());
 }
 
 /// Receivers are `FusedStream`s: `futures::select!` with `select_next_some()` compiles, and
