@@ -359,8 +359,8 @@ impl<K, V> Delivery<K, V> {
 }
 
 /// Acknowledges every delivery in `deliveries` at once, as [`Delivery::ack`] does for each:
-/// each run of consecutive deliveries from one channel is decided under one lock, which is cheaper than one
-/// lock each when a consumer has pushed a whole batch.
+/// each run of consecutive deliveries from one channel is decided under one lock, which is
+/// cheaper than one lock each when a consumer has pushed a whole batch.
 ///
 /// # Errors
 ///

@@ -645,8 +645,8 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
     /// channel is closed and drained.
     ///
     /// A receiver that returned `Pending` stays registered until it is polled again, calls
-    /// `try_recv` or `drain_now`, or is dropped; the `Stream` impl works the same way. Other clones do not depend on it (see
-    /// [Cloned receivers](Receiver#cloned-receivers)).
+    /// `try_recv` or `drain_now`, or is dropped; the `Stream` impl works the same way. Other
+    /// clones do not depend on it (see [Cloned receivers](Receiver#cloned-receivers)).
     ///
     /// # Examples
     ///

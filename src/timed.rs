@@ -198,7 +198,7 @@ fn due_at(due: &Due, now: u64, window: u64, since: impl FnOnce(Instant) -> u64) 
     let by_window = now.saturating_add(window);
     match *due {
         Due::Window => (by_window, Reason::Deadline),
-        // "By" is "at the latest": the window stays the longest any value waits.
+        // "By" is "at the latest": no deadline is later than a window after arrival.
         Due::By(at) => (since(at).min(by_window), Reason::Deadline),
         Due::Now(reason) => (now, reason),
     }
@@ -529,8 +529,9 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
     ///
     /// This is a latency budget for one value: "by" means "at the latest". The value's
     /// deadline is the earlier of `deadline` and `window` after it enters the channel, so
-    /// the window stays the longest any value waits, and the key is due at the earliest of
-    /// its values' deadlines. A deadline in the past makes the key due at once.
+    /// no value's deadline is later than `window` after it went in, and the key is due at
+    /// the earliest of its values' deadlines. A deadline in the past makes the key due at
+    /// once; one before the channel was made counts as the moment it was made.
     ///
     /// # Errors
     ///
@@ -1002,8 +1003,9 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     /// closed and drained. When pending, the waker in `cx` is woken when a key may be due.
     ///
     /// A receiver that returned `Pending` stays registered, with its timer set, until it is
-    /// polled again, calls `try_recv` or `drain_now`, or is dropped; the `Stream` impl works the same way. Other clones do not
-    /// depend on it (see [Cloned receivers](Receiver#cloned-receivers)).
+    /// polled again, calls `try_recv` or `drain_now`, or is dropped; the `Stream` impl works
+    /// the same way. Other clones do not depend on it (see
+    /// [Cloned receivers](Receiver#cloned-receivers)).
     ///
     /// # Panics
     ///

@@ -688,9 +688,10 @@ where
     }
 
     /// Takes the next batch as [`pop_batch_weighted`](Self::pop_batch_weighted) does, into
-    /// `out` key by key, but holds each key's slot: it stays, even when emptied, and takes new values, but it is
-    /// not due, and its values are not taken again, until [`release`](Self::release). This is
-    /// how a channel keeps one delivery per key in flight.
+    /// `out` key by key, but holds each key's slot: it stays, even when emptied, and takes
+    /// new values, but it is not due, and its values are not taken again, until
+    /// [`release`](Self::release). This is how a channel keeps one delivery per key in
+    /// flight.
     ///
     /// Each key is cloned for the batch, since its slot keeps it. A key whose `Clone`
     /// panicked once cannot be held: it is taken whole, its slot removed, with no hold.
