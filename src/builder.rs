@@ -42,7 +42,10 @@ impl<F, W> Builder<F, W> {
     /// instead of values.
     ///
     /// Typical use: `|body: &Vec<u8>| body.len()`, so that batches stay under a size. The
-    /// total pending weight must fit in a `usize`: a send that would overflow it panics.
+    /// total pending weight (in an acknowledging channel, with the weight in flight and in
+    /// dead letters not yet taken) must fit in a `usize`: a send that would overflow it
+    /// panics, but for one through the inbox, whose value is dropped and counted in
+    /// `Stats::lost` instead (see the crate docs, *Panics in user code*).
     ///
     /// # Examples
     ///

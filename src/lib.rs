@@ -160,8 +160,9 @@
 //! [`give_up`](ack::Delivery::give_up) to take them out. A delivery dropped undecided is
 //! retried at once. While a key has a delivery in flight its newer values wait, so each
 //! customer gets at most one request at a time, in order, across retries. Values in flight
-//! count toward `capacity`, `max_weight` and `max_keys` until decided, and a retry past `max_attempts` goes to the
-//! [`dead letters`](ack::DeadLetters). [`timed::AckReceiver`] lists the rules.
+//! count toward `capacity`, `max_weight` and `max_keys` until decided, and a retry past
+//! `max_attempts` goes to the [`dead letters`](ack::DeadLetters). [`timed::AckReceiver`]
+//! lists the rules.
 //!
 //! ```
 //! use std::time::Duration;
@@ -235,20 +236,22 @@
 //! `max_values_per_key` and `max_key_weight`, and that does not acknowledge, such a send
 //! does not wait to put its value in: it leaves it, with the time it arrived, in an inbox
 //! of about 4,096 values, behind the values waiting there, and the next call that takes the
-//! lock, on any handle, puts the inbox's values in first. (The send still waits for the lock
-//! when the inbox is full, and takes it to wake the receivers when its value may be due
-//! before the deadline they sleep until: when it is, and when that deadline is not known, as when
-//! no receiver waits or one has just stopped waiting. A send made by user code under the
-//! lock, on the thread that holds it, never waits: its value goes in even past the bound,
-//! and the call that holds the lock wakes the receivers before it lets go.) The user code that putting a value in runs, `Eq` of its
-//! key and, in `ordered`, `Ord` and `Clone` of sort keys, then runs in that call. If it
-//! panics, that call does not panic, and every other value goes in: the value is dropped and
-//! counted in [`Stats::lost`](stats::Stats::lost) if the panic came before it went in, and
-//! stays pending, to be delivered, if it came after (another sort key's `Ord`, as the
-//! queue's index settles). A send finds the lock held, or values in the inbox, only while
-//! another thread holds the lock or has left values there, or once user code that runs
-//! under the lock (an `Eq`, say) has sent on the same channel: handles used on one thread,
-//! by code that does not, never see the inbox.
+//! lock, on any handle, puts the inbox's values in first. (The send still waits for the
+//! lock when the inbox is full, and takes it to wake the receivers when its value may be
+//! due before the deadline they sleep until: when it is, and when that deadline is not
+//! known, as when no receiver waits or one has just stopped waiting. A send made by user
+//! code under the lock, on the thread that holds it, never waits: its value goes in even
+//! past the bound, and the call that holds the lock wakes the receivers before it lets go.)
+//! The user code that putting a value in runs, `Eq` of its key and, in `ordered`, `Ord` and
+//! `Clone` of sort keys, then runs in that call. If it panics, that call does not panic,
+//! and every other value goes in: the value is dropped and counted in
+//! [`Stats::lost`](stats::Stats::lost) if the panic came before it went in, and stays
+//! pending, to be delivered, if it came after (another sort key's `Ord`, as the queue's
+//! index settles). A value whose weight would overflow the total pending weight is dropped
+//! and counted so too, where a send that puts its value in itself panics. A send finds the
+//! lock held, or values in the inbox, only while another thread holds the lock or has left
+//! values there, or once user code that runs under the lock (an `Eq`, say) has sent on the
+//! same channel: handles used on one thread, by code that does not, never see the inbox.
 //!
 //! User code that runs under the lock is exactly this: `Eq` of keys (when a value goes in,
 //! or a key is flushed), `Clone` of a key that a batch splits (in an acknowledging channel,

@@ -342,6 +342,25 @@ async fn unheld_retry_counts_from_the_retry() {
     assert_eq!((again.values(), again.attempt()), (&[1][..], 2));
 }
 
+/// In an acknowledging channel the weight in flight counts toward the total that must fit
+/// in a `usize`: a send that would overflow it panics, changing nothing. It used to go in,
+/// and the receiver that took it then overflowed the weight in flight.
+#[test]
+fn acked_send_that_overflows_the_weight_in_flight_panics() {
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO)
+        .weigher(|v: &usize| *v)
+        .acked::<&str, usize>();
+    tx.try_send("a", usize::MAX).unwrap();
+    let in_flight = rx.try_recv().unwrap();
+    assert!(panics(|| tx.try_send("b", 1)));
+    assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Empty);
+    let stats = rx.stats();
+    assert_eq!((stats.pending_values, stats.in_flight_values), (0, 1));
+    assert_eq!(in_flight[0].values(), &[usize::MAX]);
+    tx.try_send("b", 0).unwrap();
+    assert_eq!(rx.try_recv().unwrap()[0].values(), &[0]);
+}
+
 /// Takes `Touchy(7)`, the only key pending, while its `Clone` panics: the first take
 /// panics, and the next takes it whole and unheld.
 fn take_unheld(rx: &mut ordered::AckReceiver<u8, Touchy, u32>) -> Delivery<Touchy, u32> {

@@ -167,6 +167,29 @@ async fn eq_panic_in_the_inbox_loses_that_value_only() {
     assert_eq!(got, vec![(7, vec![70]), (1, vec![10]), (2, vec![20])]);
 }
 
+/// A value whose weight would overflow the total pending weight is dropped and counted as
+/// lost when the inbox is taken in, as for a panicking `Eq`: its `try_send` returned `Ok`,
+/// and the call that took it in goes on.
+#[tokio::test(start_paused = true)]
+async fn weight_overflow_in_the_inbox_loses_that_value_only() {
+    inbox_always();
+    let (tx, mut rx) = timed::Builder::new(ms(10))
+        .weigher(|v: &usize| *v)
+        .build::<&str, usize>();
+    tx.try_send("a", usize::MAX).unwrap();
+    assert_eq!(rx.len(), 1);
+    tx.try_send("b", 1).unwrap();
+    tx.try_send("c", 0).unwrap();
+    assert!(!panics(|| rx.len()));
+    assert_eq!(rx.len(), 2);
+    assert_eq!(rx.stats().lost, 1);
+    advance(ms(10)).await;
+    assert_eq!(
+        rx.try_recv(),
+        Ok(vec![("a", vec![usize::MAX]), ("c", vec![0])])
+    );
+}
+
 /// A send that finds the inbox full goes in under the lock, after what the inbox holds: no
 /// send is refused for it, and a key's values stay in the order they were sent.
 #[tokio::test(start_paused = true)]

@@ -36,15 +36,15 @@
 //! # Waking receivers without the lock
 //!
 //! `earliest` holds the deadline the waiting receivers sleep until (`u64::MAX`: none, or
-//! unknown). A send through the inbox lowers it to its own value's deadline and, if that was
-//! earlier, takes the lock to take the inbox in and wake the receivers: the wake rule of the
-//! locked path, checked without the lock. A send made by user code under the lock, on the
-//! thread that holds it, leaves that to the lock's holder instead (`Chan::wake_after_inbox`),
-//! and goes in past the bound: the lock would never come free for it. A receiver about to sleep publishes its deadline,
-//! then looks at the inbox again (a `SeqCst` fence on both sides, Dekker-style): either it
-//! sees the value, or the sender sees its deadline. What it sees there it takes in once,
-//! and lowers its deadline if need be; it never loops, so producers that keep the inbox
-//! busy cannot keep a receiver awake.
+//! unknown). A send through the inbox lowers it to its own value's deadline and, if that
+//! was earlier, takes the lock to take the inbox in and wake the receivers: the wake rule
+//! of the locked path, checked without the lock. A send made by user code under the lock,
+//! on the thread that holds it, leaves that to the lock's holder instead
+//! (`Chan::wake_after_inbox`), and goes in past the bound: the lock would never come free
+//! for it. A receiver about to sleep publishes its deadline, then looks at the inbox again
+//! (a `SeqCst` fence on both sides, Dekker-style): either it sees the value, or the sender
+//! sees its deadline. What it sees there it takes in once, and lowers its deadline if need
+//! be; it never loops, so producers that keep the inbox busy cannot keep a receiver awake.
 //!
 //! # Closing
 //!

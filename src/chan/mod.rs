@@ -827,6 +827,13 @@ where
             seq,
             ..
         } = item;
+        if state.held_weight != 0 {
+            // Weight in flight or in dead letters counts too: the queue checks only its own,
+            // and a batch that moved an overflowing weight out of it would wrap.
+            let total = (state.queue.weight().checked_add(state.held_weight))
+                .and_then(|held| held.checked_add(weight));
+            assert!(total.is_some(), "the total pending weight overflows usize");
+        }
         let items = match seq {
             Some(seq) => Items::AppendLogged(value, weight, seq, 0),
             None => Items::Append(value, weight),
