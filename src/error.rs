@@ -289,7 +289,7 @@ pub enum OpenError {
         dir: std::path::PathBuf,
     },
     /// A segment's header is not this format's: another format version, another codec, or
-    /// not a log at all.
+    /// not a log at all. `salvage()` does not open past it.
     Header {
         /// The segment.
         segment: std::path::PathBuf,

@@ -203,6 +203,32 @@ async fn try_send_is_written_by_close() {
     );
 }
 
+/// `Stats::log_bytes` and `log_segments` count the write a `send` waited for, once it
+/// returns: they are what the log's files hold. They used to be set a moment after the
+/// `send` resolved, and were often a record behind.
+#[tokio::test]
+async fn log_figures_count_the_write_a_send_waited_for() {
+    let dir = TempDir::new().unwrap();
+    let (tx, rx) = timed::Builder::new(HOUR)
+        .durable(dir.path())
+        .fsync(FsyncPolicy::Always)
+        .segment_size(4096)
+        .open::<String, u32>()
+        .await
+        .unwrap();
+    for v in 0..500 {
+        tx.send(k("a"), v).await.unwrap();
+        let stats = rx.stats();
+        let files = segments(dir.path());
+        let bytes: u64 = files.iter().map(|p| fs::metadata(p).unwrap().len()).sum();
+        assert_eq!(
+            (stats.log_bytes, stats.log_segments),
+            (bytes, files.len()),
+            "value {v}"
+        );
+    }
+}
+
 /// A `send` dropped while it waits for its record to be durable was not sent: its room
 /// comes back, and the value does not come back after a reopen.
 #[tokio::test]
@@ -592,6 +618,30 @@ async fn foreign_header_is_an_error() {
         "{err:?}"
     );
     assert!(err.to_string().contains(&segment.display().to_string()));
+}
+
+/// `salvage` does not open past a segment of another format: it used to cut the segment to
+/// a bare header, deleting the values in it and every segment after it.
+#[tokio::test]
+async fn salvage_leaves_a_foreign_header_alone() {
+    let dir = TempDir::new().unwrap();
+    let (tx, rx) = open(dir.path()).await;
+    tx.send(k("a"), 1).await.unwrap();
+    drop((tx, rx));
+    let segment = segments(dir.path()).pop().unwrap();
+    let mut bytes = fs::read(&segment).unwrap();
+    bytes[8] = 99; // the format version
+    fs::write(&segment, &bytes).unwrap();
+    let opened = hourly(dir.path()).salvage().open::<String, u32>().await;
+    assert!(
+        matches!(opened, Err(OpenError::Header { .. })),
+        "{opened:?}"
+    );
+    assert_eq!(
+        fs::read(&segment).unwrap(),
+        bytes,
+        "the segment is untouched"
+    );
 }
 
 /// A value that does not decode as the type the channel is opened with is an error naming

@@ -162,13 +162,19 @@ pub(crate) struct LogStats {
     pub(crate) bytes: u64,
 }
 
+impl Files {
+    fn stats(&self) -> LogStats {
+        LogStats {
+            segments: self.segments.len(),
+            bytes: self.bytes,
+        }
+    }
+}
+
 impl Journal {
     /// Starts the committer over `files`; `next_seq` continues the log's numbering.
     pub(crate) fn start(files: Files, policy: FsyncPolicy, next_seq: u64) -> io::Result<Journal> {
-        let stats = LogStats {
-            segments: files.segments.len(),
-            bytes: files.bytes,
-        };
+        let stats = files.stats();
         let (marks_tx, marks) = watch::channel(Marks {
             stats,
             ..Marks::default()
@@ -502,16 +508,17 @@ impl Committer {
             self.last_sync = Instant::now();
         }
         let (written, synced) = (self.written, self.synced);
+        // The figures go with the marks: a `send` that sees its record written sees it
+        // counted too ("as of its last write", `Stats::log_bytes`).
+        let stats = self.files.stats();
         self.shared.marks.send_modify(|m| {
             m.written = written;
             m.synced = synced;
+            m.stats = stats;
         });
         self.forget(done);
         self.trim()?;
-        let stats = LogStats {
-            segments: self.files.segments.len(),
-            bytes: self.files.bytes,
-        };
+        let stats = self.files.stats();
         self.shared.marks.send_modify(|m| m.stats = stats);
         Ok(())
     }

@@ -1,6 +1,7 @@
-//! Durable channels: every value sent is written to a log in a directory before `send`
-//! returns, and reopening the directory after a crash hands back everything that was sent
-//! and not yet acknowledged, given up or taken as a dead letter.
+//! Durable channels: every value a `send` call sends is written to a log in a directory
+//! before it returns (`try_send` and the `Sink` write theirs a moment later), and reopening
+//! the directory after a crash hands back everything that was sent and not yet
+//! acknowledged, given up or taken as a dead letter.
 //!
 //! A durable channel is an acknowledging channel (see [`ack`](crate::ack)) whose decisions
 //! are written to the log too. Open one from a builder:
@@ -56,15 +57,17 @@
 //!
 //! Reopening the directory rebuilds the channel: every value sent and not acknowledged,
 //! given up or taken as a dead letter is pending again, under its key, in the order its
-//! record was written to the log, with the attempts it had been handed out (counted as of
-//! its last retry: a delivery in flight at a crash is not counted, one dropped undecided
-//! before the handles went is). Records are written in the order the `send` calls were
-//! made; the live channel puts a value in when its `send` resolves, so values of one key
-//! whose sends were in flight at once, from different tasks, may have gone out in another
-//! order before the restart. A `timed` value's deadline is rebuilt from its wall-clock
-//! arrival: one whose deadline passed while the process was down is due at once; a
-//! `retry_after` delay is not kept. Values dropped with the last receiver (pending ones,
-//! dead letters not taken, and deliveries retried or dropped after it) were never
+//! record was first written to the log (a record copied forward keeps its place), with the
+//! attempts it had been handed out (counted as of its last retry: a delivery in flight at a
+//! crash is not counted, one dropped undecided before the handles went is). Records are
+//! written in the order values get room, which is the order of the `send` calls but where a
+//! limit lets a later one past (with `max_keys`, a value for a pending key goes past sends
+//! that wait for a key slot); the live channel puts a value in when its `send` resolves, so
+//! values of one key whose sends were in flight at once, from different tasks, may have
+//! gone out in another order before the restart. A `timed` value's deadline is rebuilt from
+//! its wall-clock arrival: one whose deadline passed while the process was down is due at
+//! once; a `retry_after` delay is not kept. Values dropped with the last receiver (pending
+//! ones, dead letters not taken, and deliveries retried or dropped after it) were never
 //! acknowledged, so they come back too: a dead letter that was not taken comes back
 //! pending, not as a dead letter, and its next delivery's attempt is `max_attempts + 1`.
 //!
@@ -76,9 +79,14 @@
 //!   record types, so another type with a compatible encoding opens without error.
 //! - A torn record at the end of the newest segment (a write cut short by a crash) is cut
 //!   off; [`Stats::log_truncated_bytes`](crate::stats::Stats::log_truncated_bytes) says how
-//!   many bytes went.
+//!   many bytes went. A bad record is taken for a torn tail only if no whole record follows
+//!   it: should the torn record's own value hold the bytes of one (a value that is itself
+//!   a log record, say), it is [`OpenError::Corrupt`], as below.
 //! - A bad record anywhere else is [`OpenError::Corrupt`], naming the segment and the
-//!   offset; [`DurableBuilder::salvage`] opens with what comes before it instead.
+//!   offset; [`DurableBuilder::salvage`] opens with what comes before it instead. A power
+//!   cut under `Interval` or `Never` can leave such a record behind (an unsynced write
+//!   in an older segment).
+//! - A segment of another format is [`OpenError::Header`], with or without `salvage`.
 //! - A pending value whose key, value or input (deadline or sort key) does not decode is
 //!   [`OpenError::Decode`], not a skip.
 //!
@@ -209,7 +217,8 @@ impl<F, W> DurableBuilder<F, W> {
 
     /// Opens even if a segment is corrupt before its end: what comes before the first bad
     /// record is kept, and the rest of the log is deleted. Off by default, when corruption
-    /// is an [`OpenError::Corrupt`].
+    /// is an [`OpenError::Corrupt`]. A segment of another format is not corrupt: it stays
+    /// an [`OpenError::Header`], and nothing is deleted.
     ///
     /// # Examples
     ///

@@ -123,32 +123,30 @@ where
             Bad::Record(at) if last && !log::valid_after(bytes, *at) => Some(*at),
             Bad::Record(_) => None,
         };
-        match (cut, opening.salvage) {
+        match (cut, bad) {
             (Some(cut), _) => {
                 truncate(path, cut)?;
                 truncated += (bytes.len() - cut) as u64;
             }
-            (None, true) => {
+            // A segment of another format is not corrupt, and `salvage` leaves it alone: it
+            // would otherwise be cut to nothing, and every segment after it deleted.
+            (None, Bad::Header(detail)) => {
+                return Err(OpenError::Header {
+                    segment: path.clone(),
+                    detail,
+                })
+            }
+            (None, Bad::Record(offset)) if opening.salvage => {
                 // Keep what comes before the bad record; drop the rest of the log.
-                let cut = match bad {
-                    Bad::Record(at) => at,
-                    Bad::Header(_) => 0,
-                };
-                truncate(path, cut)?;
-                truncated += (bytes.len() - cut) as u64;
+                truncate(path, offset)?;
+                truncated += (bytes.len() - offset) as u64;
                 keep = at + 1;
                 break;
             }
-            (None, false) => {
-                return Err(match bad {
-                    Bad::Header(detail) => OpenError::Header {
-                        segment: path.clone(),
-                        detail,
-                    },
-                    Bad::Record(offset) => OpenError::Corrupt {
-                        segment: path.clone(),
-                        offset: offset as u64,
-                    },
+            (None, Bad::Record(offset)) => {
+                return Err(OpenError::Corrupt {
+                    segment: path.clone(),
+                    offset: offset as u64,
                 })
             }
         }
