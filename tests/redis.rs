@@ -333,6 +333,7 @@ on_both!(
     the_last_attempt_makes_a_dead_letter,
     close_refuses_sends_and_drains,
     close_cuts_a_retry_delay_short,
+    a_retry_delay_made_while_a_receiver_waits_ends_on_time,
     a_retried_key_keeps_its_rank,
     a_delayed_retry_keeps_its_rank,
     a_split_retry_keeps_its_attempt,
@@ -622,6 +623,38 @@ async fn close_cuts_a_retry_delay_short(mode: Mode) {
     assert_eq!(again[0].attempt(), 2);
     ack_each(again).await;
     assert_ends(&mut q.rx).await;
+}
+
+/// A retry delay that a delivery asks for while a receiver already waits ends on time: the
+/// waiting receiver learns of it. In Redis it used to learn only at its once-a-second look.
+async fn a_retry_delay_made_while_a_receiver_waits_ends_on_time(mode: Mode) {
+    let delay = ms(50);
+    let Some(mut q) = setup("retry-while-waiting", ms(10)).open(mode).await else {
+        return;
+    };
+    q.tx.send(1, 1).await.unwrap();
+    let first = next_batch(&mut q.rx).await.remove(0);
+    let retry = tokio::spawn(async move {
+        // Made once the receiver below is asleep.
+        sleep(ms(150)).await;
+        let start = Instant::now();
+        first.retry_after(delay).await.unwrap();
+        start
+    });
+    let again = next_batch(&mut q.rx).await;
+    let came = Instant::now();
+    let start = retry.await.unwrap();
+    assert!(came >= start + delay, "the delay was cut short");
+    let waited = came - start;
+    assert!(
+        waited < delay + ms(400),
+        "came back {waited:?} after the retry"
+    );
+    assert_eq!(
+        (contents(&again), again[0].attempt()),
+        (vec![(1, vec![1])], 2)
+    );
+    ack_each(again).await;
 }
 
 /// A key retried at once keeps the rank it had: it goes ahead of a key that came due

@@ -275,6 +275,36 @@ async fn server_goes_away_and_comes_back_empty() {
     );
 }
 
+/// A delivery held from before the queue's data was deleted decides nothing of the queue
+/// made afresh: its ack is `LeaseLost`. Delivery ids started again at 1 there, so it used to
+/// acknowledge the new delivery of its key, whose value was then lost without a trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_from_before_the_data_went_decides_nothing_new() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let queue = builder(&server, "stale", ms(10));
+    let tx: Sender<u32, u32> = queue.sender().await.unwrap();
+    let mut rx: Receiver<u32, u32> = queue.receiver().await.unwrap();
+    tx.send(7, 1).await.unwrap();
+    let old = step("the first recv", rx.recv()).await.unwrap().unwrap();
+    server.command(&["FLUSHALL"]);
+    // The sender finds the queue gone, makes it afresh, and goes on.
+    tx.send(7, 2).await.unwrap();
+    let new = step("the recv after the flush", rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(new[0].values(), [2]);
+    let old_ack = ack::ack_all(old).await;
+    assert!(
+        matches!(old_ack, Err(DeliveryError::LeaseLost)),
+        "{old_ack:?}"
+    );
+    ack::ack_all(new).await.unwrap();
+    assert_eq!(rx.len().await.unwrap(), 0);
+}
+
 // ===== bad addresses =====
 
 #[tokio::test]

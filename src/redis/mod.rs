@@ -32,7 +32,7 @@
 //! | close | when every sender is gone, or `close()` | only an explicit [`Sender::close`] or [`Receiver::close`], and for good: the queue's name stays closed (unless its data is deleted or lost, when the next handle creates it afresh, open) |
 //! | no receiver | sends fail once every receiver is gone | sends succeed: values wait in Redis for a receiver to come |
 //! | delivery | exactly once | at least once: a delivery whose lease runs out (its holder died or stalled) goes out again with `attempt + 1` once a receiver's pull reclaims the lease (on its last attempt, to the dead letters instead), and a decision made after that fails with [`LeaseLost`]; a `recv` dropped before it returns also costs its batch an attempt |
-//! | order | per key, and by deadline across keys | per key; by deadline within a shard, then by arrival among up to 4,096 runs due in the same millisecond; best effort across [`shards`](Builder::shards) |
+//! | order | per key, and by deadline across keys | per key; by deadline within a shard, then by arrival, told by the shard's run counter modulo 4,096: of runs due in the same millisecond, one may come before an earlier one when the counter wraps between them (once every 4,096 runs); best effort across [`shards`](Builder::shards) |
 //! | a full queue | a waiting `send` has its place in line | a waiting `send` retries with a backoff of up to 50 ms, in no fixed order; `capacity` counts per shard |
 //! | dead letters | count toward `capacity` | kept in Redis, outside `capacity`, until a stream takes them; fetched one a shard at a time while a task awaits the stream, and [`DeadLetters::try_recv`](crate::ack::DeadLetters::try_recv) sees only those fetched (a call that finds none starts a fetch); a letter fetched into a process that dies before handing it out is lost |
 //! | undecodable values | cannot happen | the delivery goes to [`Receiver::take_undecodable`] with its reason |
@@ -48,9 +48,9 @@
 //! values or state is one Lua script, which reads the server's `TIME`. A
 //! waiting receiver sleeps on a tokio timer set to the next deadline or lease expiry the
 //! server reported, and is woken early by a marker it pops with `BZPOPMIN` on a connection
-//! of its own. A send sets the marker when it moves the first deadline earlier, and a
-//! receiver that takes a batch sets it when more waits, so that another receiver learns of
-//! it. One marker wakes one receiver; since a marker can be lost with a connection, a
+//! of its own. A send sets the marker when it moves the first deadline earlier, a
+//! `retry_after` when its delay is the first to end, and a receiver that takes a batch sets
+//! it when more waits, so that another receiver learns of it. One marker wakes one receiver; since a marker can be lost with a connection, a
 //! waiting receiver also looks once a second.
 //!
 //! A value is decoded as the receiver's `V` only if it takes all of its bytes, but postcard
@@ -139,8 +139,9 @@ impl Builder {
         }
     }
 
-    /// The most values in one batch, over all of its keys. A key with more is split: the rest
-    /// goes out once the part before it is decided.
+    /// The most values in one batch, over all of its keys. A key whose values do not fit in
+    /// what is left of the batch is split: the rest goes out once the part before it is
+    /// decided.
     ///
     /// # Panics
     ///

@@ -201,7 +201,8 @@ where
         self.shared.queue.close().await
     }
 
-    /// How many values the queue holds, in flight included.
+    /// How many values the queue holds, in flight included (dead letters and undecodable
+    /// deliveries not counted).
     ///
     /// # Errors
     ///

@@ -129,7 +129,8 @@ impl<K: Serialize, V: Serialize> Sender<K, V> {
 
     /// Sends `value` under `key`, due within `within` at the latest: the earlier of
     /// `within` from now and the window after the first of its key's waiting values, by
-    /// the server's clock.
+    /// the server's clock. A key that a `retry_after` holds stays held until its delay
+    /// ends: the value joins it.
     ///
     /// # Errors
     ///

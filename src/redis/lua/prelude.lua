@@ -7,7 +7,7 @@
 --                  for the keys with values waiting and no delivery in flight
 --   P:l:<k>  LIST  the key's values, oldest first; a delivery in flight is its first `fn`
 --   P:s:<k>  HASH  the key's state (see below)
---   P:lease  ZSET  delivery id -> lease expiry (ms, server clock)
+--   P:lease  ZSET  delivery id ("<bid>@<epoch>") -> lease expiry (ms, server clock)
 --   P:lk     HASH  delivery id -> key
 --   P:held   ZSET  key -> when its retry delay is over (ms), for keys held by one
 --   P:wake   ZSET  a marker that receivers pop with BZPOPMIN to wake early
@@ -78,6 +78,11 @@ local function requeue(k, s, delay_us)
   if delay_us > 0 then
     redis.call('HSET', s, 'hold', st[4])
     redis.call('ZADD', HELD, due_in(delay_us) + epoch, k)
+    -- A waiting receiver's timer knows nothing of this delay's end: wake one to look, if
+    -- it is the first to end.
+    if redis.call('ZRANGE', HELD, 0, 0)[1] == k then
+      redis.call('ZADD', WAKE, 0, 'w')
+    end
   else
     enqueue(k, tonumber(st[4]))
   end

@@ -37,7 +37,9 @@ for i = 1, #due, 2 do
   local st = redis.call('HMGET', s, 'att', 'cov', 'ent')
   local attempt = 1
   if tonumber(st[2] or '0') > 0 then attempt = tonumber(st[1]) + 1 end
-  local id = tostring(redis.call('HINCRBY', META, 'bid', 1))
+  -- With the epoch: a queue whose data was deleted counts deliveries from 1 again, and a
+  -- delivery held from before must not decide, or renew, a new one.
+  local id = redis.call('HINCRBY', META, 'bid', 1) .. '@' .. epoch
   redis.call('ZREM', DUE, k)
   redis.call('HSET', s, 'fl', id, 'fn', n, 'fa', attempt, 'osc', due[i + 1], 'rest', len - n)
   redis.call('ZADD', LEASE, now_ms + lease, id)
