@@ -1,8 +1,10 @@
 //! The sorted keyed queue: the synchronous core that every channel flavour wraps.
 //!
 //! A [`SortedQueue`] holds pending values grouped by key. Each key has a *rank* (a deadline,
-//! a priority, anything `Ord`), which is the smallest rank among its pending values. Batches
-//! come out in rank order; ties go to the key whose current pending run started first.
+//! a priority, anything `Ord`): the smallest rank given to it (by a push, a requeue or a
+//! promote) since its current pending run began; the rest of a key that a batch split keeps
+//! the key's rank. Batches come out in rank order; ties go to the key whose current pending
+//! run started first.
 //!
 //! Each value has a *weight*, 1 unless given ([`push_with`](SortedQueue::push_with)), so
 //! that batches can be capped by weight as well as by count.
@@ -29,9 +31,10 @@
 //!
 //! # Cost
 //!
-//! A push whose `(rank, arrival)` is not smaller than the last one pushed is O(1): the index
-//! is then a FIFO, as it is for a channel whose values all get `now + window`. Other pushes,
-//! and rank changes, cost O(log n) in a binary heap. A key holds a constant-sized slot plus its
+//! A push whose `(rank, arrival)` is not smaller than the last one that went in order is
+//! O(1): the index is then a FIFO, as it is for a channel whose values all get
+//! `now + window`. Other pushes, and rank changes, cost O(log n) in a binary heap, amortized
+//! (stale index entries are dropped in bulk, and the table grows by doubling). A key holds a constant-sized slot plus its
 //! values (and their weights, once one differs from 1); there is no index entry per value.
 //!
 //! # Panics in user code
@@ -39,12 +42,16 @@
 //! `Hash` and `Eq` of `K` run only while a value goes in (or a key is promoted), before the
 //! queue changes, and in [`contains_key`](SortedQueue::contains_key); the queue stores each
 //! key's hash and never calls them while taking batches or growing. `Ord` and `Clone` of
-//! `R`, and `Clone` of `K`, run before the data they guard moves. If any of them panics,
-//! the call panics and the queue stays whole: no other key's values are lost.
+//! `R`, and `Clone` of `K`, run before the data they guard moves, but in the tidying of
+//! stale index entries that may follow a push, once its value is in. If any of them panics,
+//! the call panics and the queue stays whole: no other key's values are lost (a push that
+//! panics in that tidying keeps its value), and an index left unsorted is rebuilt by the
+//! next call that changes the queue.
 //!
 //! Splitting a key (when it does not fit in a batch) clones it. If that `Clone` panics, the
-//! key is not split again: from then on its values go out together, whole (alone, even past
-//! the caps, when they do not fit), so that the keys behind it are not stuck.
+//! key is not split again for the rest of its current run: its values go out together,
+//! whole (alone, even past the caps, when they do not fit), so that the keys behind it are
+//! not stuck.
 
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
@@ -289,9 +296,10 @@ impl<R, K, V> SortedQueue<R, K, V> {
     /// How many keys the queue can hold without allocating, and how many index entries.
     ///
     /// Both fall back after the keys drain: each time a batch is taken (or a pop finds
-    /// nothing), the queue shrinks its table and its index if they are mostly empty and
-    /// have room for more than 4,096 entries, so a burst of distinct keys does not pin
-    /// memory for good.
+    /// nothing), the queue shrinks its table, and each of its index's two parts (a FIFO and
+    /// a heap), that is under an eighth full and has room for more than 4,096 entries, to
+    /// twice what it holds, so a burst of distinct keys does not pin memory for good. An
+    /// empty queue may so keep room for about 4,096 keys and 8,192 index entries.
     ///
     /// # Examples
     ///
@@ -375,6 +383,14 @@ impl<R: Ord, K, V> SortedQueue<R, K, V> {
     /// assert_eq!(q.peek_rank(), Some(&3));
     /// ```
     pub fn peek_rank(&self) -> Option<&R> {
+        if self.index.is_torn() {
+            // A panic in user `Ord` left the index to be rebuilt by the next call that may
+            // change it; until then, the smallest rank is found among the slots.
+            return (self.slots.iter().filter(|slot| !slot.is_held()))
+                .map(|slot| (&slot.rank, slot.seq))
+                .min()
+                .map(|(rank, _)| rank);
+        }
         self.index.front().map(|ticket| &ticket.rank)
     }
 
@@ -422,6 +438,10 @@ where
     /// the smallest rank before or equal to it with the older run (ties go to the run that
     /// started first). A push to the key that already leads, leaving its rank as it was,
     /// returns `false`.
+    ///
+    /// # Panics
+    ///
+    /// Panics, changing nothing, if the total pending weight would overflow `usize`.
     ///
     /// # Examples
     ///
@@ -485,6 +505,10 @@ where
     /// Returns `true` if this call moved the front of the queue, as [`push`](Self::push)
     /// does. An empty `values` changes nothing and returns `false`.
     ///
+    /// # Panics
+    ///
+    /// Panics, changing nothing, if the total pending weight would overflow `usize`.
+    ///
     /// # Examples
     ///
     /// ```
@@ -503,7 +527,8 @@ where
     ///
     /// # Panics
     ///
-    /// Panics if `weights` and `values` differ in length.
+    /// Panics if `weights` and `values` differ in length, and, changing nothing, if the
+    /// total pending weight would overflow `usize`.
     ///
     /// # Examples
     ///
@@ -593,6 +618,13 @@ where
 
     /// Lowers every pending key's rank to at most `rank`. Returns whether any rank moved.
     ///
+    /// O(n), and O(n log n) when a rank moves: the index is rebuilt.
+    ///
+    /// # Panics
+    ///
+    /// If `Ord` or `Clone` of `R` panics, the call panics with some keys lowered and others
+    /// not; the queue stays whole.
+    ///
     /// # Examples
     ///
     /// ```
@@ -630,7 +662,7 @@ where
     ///
     /// A key is due when `is_due(rank)` is true; taking stops at the first key that is not.
     /// A key with more values than the room left is split: the batch takes its oldest values,
-    /// and the rest keep the key's rank and place, so they lead the next batch. The result is
+    /// and the rest keep the key's rank and place, ahead of keys of equal rank. The result is
     /// empty when nothing is due or `max_values` is 0.
     ///
     /// # Examples
@@ -1187,17 +1219,22 @@ where
 
     /// Rebuilds the index from the slots: one live ticket per key, sorted, in the FIFO.
     fn rebuild(&mut self) {
-        let mut tickets: Vec<Ticket<R>> = Vec::with_capacity(self.slots.len());
-        // Held slots have no ticket: they are not due until released.
-        for slot in self.slots.iter().filter(|slot| !slot.is_held()) {
-            tickets.push(Ticket {
-                rank: slot.rank.clone(),
-                seq: slot.seq,
-                id: slot.ticket,
-                hash: slot.hash,
-            });
-        }
-        self.index.guard(|index| index.rebuild(tickets));
+        let Self { slots, index, .. } = self;
+        // The ranks' `Clone` runs under the guard too: should it panic, the index stays
+        // marked torn, and the next call rebuilds it again.
+        index.guard(|index| {
+            let mut tickets: Vec<Ticket<R>> = Vec::with_capacity(slots.len());
+            // Held slots have no ticket: they are not due until released.
+            for slot in slots.iter().filter(|slot| !slot.is_held()) {
+                tickets.push(Ticket {
+                    rank: slot.rank.clone(),
+                    seq: slot.seq,
+                    id: slot.ticket,
+                    hash: slot.hash,
+                });
+            }
+            index.rebuild(tickets);
+        });
     }
 
     /// Gives memory back once the table or the index is mostly empty. Shrinking to twice

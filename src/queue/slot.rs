@@ -166,11 +166,12 @@ pub(crate) struct Returned<V> {
 }
 
 impl<V> Returned<V> {
-    /// Values that were never handed out, with their weights.
+    /// Values that were never handed out, with their weights. Weights that are all 1 are
+    /// not kept: a slot keeps weights only once one differs from 1.
     pub(crate) fn new(values: Vec<V>, weights: Option<Vec<usize>>) -> Self {
         Returned {
             values,
-            weights,
+            weights: weights.filter(|weights| weights.iter().any(|&weight| weight != 1)),
             handed: Vec::new(),
             entered: None,
             seqs: Vec::new(),

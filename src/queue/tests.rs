@@ -298,6 +298,122 @@ fn panicking_ord_loses_nothing() {
     assert_eq!(batch, want);
 }
 
+/// Drains `q`, batch by batch.
+fn drain<R: Ord + Clone, K: Hash + Eq + Clone, V>(
+    q: &mut SortedQueue<R, K, V>,
+) -> Vec<(K, Vec<V>)> {
+    let mut got = Vec::new();
+    loop {
+        let batch = all(q);
+        if batch.is_empty() {
+            return got;
+        }
+        got.extend(batch);
+    }
+}
+
+/// A split whose key `Clone` panics puts the keys planned whole back and rebuilds the
+/// index; should a rank's `Clone` panic in that rebuild too, the index stays marked torn
+/// and the next call rebuilds it. It used to be left without the keys planned before.
+#[test]
+fn a_clone_panic_while_rebuilding_leaves_the_index_to_rebuild() {
+    let mut q = SortedQueue::new();
+    q.push(Touchy(1), 1, TouchyRank(1));
+    q.push(Touchy(2), 2, TouchyRank(2));
+    q.push(Touchy(2), 3, TouchyRank(2));
+    // One id: the key's `Clone` (the split) and the rank's (the rebuild) both panic.
+    arm(2, &[What::Clone]);
+    assert!(panics(|| q.pop_batch(2, |_| true)));
+    disarm();
+    assert_eq!(q.len(), 3);
+    let got: Vec<_> = drain(&mut q).into_iter().map(|(k, v)| (k.0, v)).collect();
+    assert_eq!(got, vec![(1, vec![1]), (2, vec![2, 3])]);
+}
+
+/// The same, with `Ord` and `Clone` of one rank panicking in the heap.
+#[test]
+fn ord_and_clone_panics_in_a_pop_lose_nothing() {
+    let mut q = SortedQueue::new();
+    for id in (10..60).rev() {
+        q.push(id, id, TouchyRank(id));
+    }
+    arm(33, &[What::Ord, What::Clone]);
+    assert!(panics(|| q.pop_batch(usize::MAX, |_| true)));
+    disarm();
+    assert_eq!(q.len(), 50);
+    let want: Vec<_> = (10..60).map(|id| (id, vec![id])).collect();
+    assert_eq!(drain(&mut q), want);
+}
+
+/// `promote_all` rebuilds the index; a rank `Clone` that panics there leaves it to be
+/// rebuilt, so the ranks it lowered are the ones the index goes by.
+#[test]
+fn a_clone_panic_in_promote_all_keeps_ranks_consistent() {
+    let mut q = SortedQueue::new();
+    q.push(1u32, 'a', TouchyRank(10));
+    q.push(2u32, 'b', TouchyRank(3));
+    arm(3, &[What::Clone]);
+    assert!(panics(|| q.promote_all(TouchyRank(5))));
+    disarm();
+    q.push(1, 'c', TouchyRank(7));
+    let got = q.pop_batch(usize::MAX, |r| r.0 <= 7);
+    assert_eq!(got, vec![(2, vec!['b']), (1, vec!['a', 'c'])]);
+}
+
+/// `peek_rank` after a pop whose `Ord` panicked, before any call rebuilt the index: the
+/// rank of the key that comes out next, found among the slots.
+#[test]
+fn peek_rank_is_right_while_the_index_is_torn() {
+    let mut q = SortedQueue::new();
+    for id in (10..60).rev() {
+        q.push(id, id, TouchyRank(id));
+    }
+    arm(33, &[What::Ord]);
+    assert!(panics(|| q.pop_batch(usize::MAX, |_| true)));
+    disarm();
+    assert!(q.index.is_torn());
+    assert_eq!(q.peek_rank().map(|r| r.0), Some(10));
+    assert_eq!(q.pop_batch(1, |_| true), vec![(10, vec![10])]);
+}
+
+/// The tidying of stale index entries after a push runs user `Clone` once the value is in:
+/// a push that panics there keeps its value, and the queue stays whole.
+#[test]
+fn a_push_that_panics_tidying_the_index_keeps_its_value() {
+    let mut q = SortedQueue::new();
+    q.push(0u32, 0u32, TouchyRank(1000));
+    arm(1000, &[What::Clone]);
+    let mut went_in = 0u32;
+    let mut panicked = false;
+    for i in 1..200u32 {
+        // Each push lowers key 1's rank: a stale index entry each time.
+        if panics(|| q.push(1, i, TouchyRank(999 - i))) {
+            panicked = true;
+            break;
+        }
+        went_in += 1;
+    }
+    disarm();
+    assert!(panicked, "no push tidied the index");
+    assert_eq!(q.len(), 2 + went_in as usize, "the panicking push's value is in");
+    let got = drain(&mut q);
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].1, (1..=went_in + 1).collect::<Vec<_>>());
+}
+
+/// Requeued weights that are all 1 are not kept: the slot holds no more than after a plain
+/// `requeue`.
+#[test]
+fn unit_weights_are_not_kept() {
+    let mut q = SortedQueue::new();
+    q.push("a", 0u8, 0u32);
+    q.requeue_weighted("a", vec![1], vec![1], 0);
+    assert!(q.slots.iter().all(|slot| slot.extra.is_none()));
+    q.requeue_weighted("a", vec![2], vec![3], 0);
+    assert_eq!(q.weight(), 5);
+    assert!(q.slots.iter().all(|slot| slot.extra.is_some()));
+}
+
 /// A key planned whole leaves the table before the keys behind it are looked at: a panic
 /// in `is_due` for a later key must put it back, in its place.
 #[test]
