@@ -46,7 +46,7 @@ use crate::error::{DeliveryError, TryRecvError};
 ///
 /// While a key has a delivery that is not decided, its newer values wait: no receiver gets
 /// them (in Redis, while the delivery's lease holds; in memory, unless the key cannot be
-/// held, see *Panics in user code* in the crate docs). Decide each delivery with exactly
+/// held: see *Panics in user code* in the crate docs). Decide each delivery with exactly
 /// one of [`ack`](Self::ack) (done), [`retry`](Self::retry) or
 /// [`retry_after`](Self::retry_after) (the values go back in front of the key's newer
 /// values), or [`give_up`](Self::give_up) (the values leave the channel and come back to
@@ -54,8 +54,9 @@ use crate::error::{DeliveryError, TryRecvError};
 ///
 /// Dropping a delivery undecided retries it at once, as [`retry`](Self::retry) does: a
 /// consumer task that panics or is cancelled halfway loses nothing, and the values come
-/// back with the next attempt (or, past `max_attempts`, go to the dead letters; once every
-/// receiver is gone, they are dropped, as a timed receiver's rule 5 says).
+/// back with the next attempt (or, past `max_attempts`, go to the dead letters; in memory,
+/// once every receiver is gone, they are dropped:
+/// [rule 5](crate::timed::AckReceiver#rules)).
 ///
 /// # Examples
 ///
@@ -171,7 +172,8 @@ impl<K, V> Delivery<K, V> {
     }
 
     /// How many times these values have been handed out, this time included: the most
-    /// among them, since values that come back go in front of newer ones.
+    /// among them (most often the first value's, since values that come back go in front
+    /// of newer ones).
     ///
     /// It is 1 on a first delivery. A value that comes back never has attempt 1 again, not
     /// even in the part of a key that a batch cap split off. Values sent while their key's

@@ -42,10 +42,11 @@ impl<F, W> Builder<F, W> {
     /// instead of values.
     ///
     /// Typical use: `|body: &Vec<u8>| body.len()`, so that batches stay under a size. The
-    /// total pending weight (in an acknowledging channel, with the weight in flight and in
-    /// dead letters not yet taken) must fit in a `usize`: a send that would overflow it
-    /// panics, but for one through the inbox, whose value is dropped and counted in
-    /// `Stats::lost` instead (see the crate docs, *Panics in user code*).
+    /// total pending weight (in an acknowledging channel, with the weight held outside the
+    /// queue: in flight, in dead letters not yet taken, or waiting for its log record) must
+    /// fit in a `usize`: a send that would overflow it panics, changing nothing, but for one
+    /// through the inbox, whose value is dropped and counted in `Stats::lost` instead (see
+    /// the crate docs, *Panics in user code*).
     ///
     /// # Examples
     ///

@@ -5,8 +5,8 @@
 use std::error::Error;
 use std::fmt;
 
-/// The channel is closed, or this sender was closed as a `Sink`: returned by `send`,
-/// `blocking_send` and `requeue`.
+/// The channel is closed: returned by `send`, `blocking_send` and `requeue`. For `send`
+/// and `blocking_send`, also when this sender was closed as a `Sink`.
 ///
 /// The value that could not be sent is inside, and [`into_inner`](Self::into_inner) hands it
 /// back.
@@ -77,7 +77,7 @@ pub enum TrySendError<T> {
 pub enum TryRecvError {
     /// Nothing can go out now: no key is due yet (values may be pending with a later
     /// deadline), or, in an acknowledging channel, every pending key is in flight or held
-    /// by `retry_after`.
+    /// by `retry_after`. From a dead-letter stream: no letter is there yet.
     Empty,
     /// The channel is closed and every pending value has been delivered (in an
     /// acknowledging channel, and every delivery decided).
@@ -289,7 +289,7 @@ pub enum OpenError {
         dir: std::path::PathBuf,
     },
     /// A segment's header is not this format's: another format version, another codec, or
-    /// not a log at all. `salvage()` does not open past it.
+    /// not a log at all (or a damaged header). `salvage()` does not open past it.
     Header {
         /// The segment.
         segment: std::path::PathBuf,

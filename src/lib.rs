@@ -108,7 +108,7 @@
 //!
 //! | limit | flavour | counts | when reached |
 //! |---|---|---|---|
-//! | `max_batch(n)` | both | values in one batch | the batch ends; a key that does not fit is split, and its remainder leads the next batch |
+//! | `max_batch(n)` | both | values in one batch | the batch ends; a key that does not fit is split, and its remainder keeps the key's rank (see *What a batch holds*) |
 //! | `max_batch_weight(n)` | both | weight of one batch | likewise; a single value heavier than `n` goes out alone |
 //! | `max_values_per_key(n)` | `timed` | a key's pending values | the key is due at once |
 //! | `max_key_weight(n)` | `timed` | a key's pending weight | the key is due at once |
@@ -248,7 +248,7 @@
 //! [`Stats::lost`](stats::Stats::lost) if the panic came before it went in, and stays
 //! pending, to be delivered, if it came after (another sort key's `Ord`, as the queue's
 //! index settles). A value whose weight would overflow the total pending weight is dropped
-//! and counted so too, where a send that puts its value in itself panics. A send finds the
+//! and counted so too, whereas a send that puts its value in itself panics. A send finds the
 //! lock held, or values in the inbox, only while another thread holds the lock or has left
 //! values there, or once user code that runs under the lock (an `Eq`, say) has sent on the
 //! same channel: handles used on one thread, by code that does not, never see the inbox.
@@ -269,8 +269,9 @@
 //! run before the lock is taken, and never when a delivery is decided. Keys, values and
 //! sort keys are dropped, and wakers woken, after it is released, so their `Drop`, or a
 //! wake, may use the channel; the one exception is the key, value and sort key of a value
-//! whose own user code panics under the lock, which are dropped as the panic unwinds,
-//! before the lock is released.
+//! whose own user code panics under the lock (or that a receiver's `requeue` hands back
+//! with a weight that overflows the total), which are dropped as the panic unwinds, before
+//! the lock is released.
 
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -981,8 +981,8 @@ where
     /// Takes everything pending now as batches of deliveries split by the caps. Keys in
     /// flight stay in flight: their newer values are not taken, nor the rest of a key that a
     /// cap split, which waits for the first part's decision. Keys held by
-    /// [`Delivery::retry_after`] wait out their delay until the channel closes, as they do
-    /// for `recv`.
+    /// [`Delivery::retry_after`] wait out their delay (a close ends it), as they do for
+    /// `recv`.
     ///
     /// # Examples
     ///

@@ -663,7 +663,7 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
 
     /// Makes `key` due at once, if it has pending values. A key held by
     /// [`Delivery::retry_after`](crate::ack::Delivery::retry_after) still waits out its
-    /// delay, and a key in flight in an acknowledging channel its decision.
+    /// delay, and a key in flight in an acknowledging channel waits for its decision.
     ///
     /// # Examples
     ///
@@ -683,7 +683,7 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
 
     /// Makes every pending key due at once. Keys that come later are not affected. Keys
     /// held by [`Delivery::retry_after`](crate::ack::Delivery::retry_after) still wait out
-    /// their delay, and keys in flight in an acknowledging channel their decision.
+    /// their delay, and keys in flight in an acknowledging channel wait for their decision.
     ///
     /// # Examples
     ///
@@ -1431,8 +1431,8 @@ where
     /// Takes everything pending now, deadlines ignored, as batches of deliveries split by
     /// the caps. Keys in flight stay in flight: their newer values are not taken, nor the
     /// rest of a key that a cap split, which waits for the first part's decision. Keys held
-    /// by [`Delivery::retry_after`] wait out their delay until the channel closes, as they
-    /// do for `recv`.
+    /// by [`Delivery::retry_after`] wait out their delay (a close ends it), as they do for
+    /// `recv`.
     ///
     /// # Examples
     ///

@@ -620,8 +620,41 @@ async fn foreign_header_is_an_error() {
     assert!(err.to_string().contains(&segment.display().to_string()));
 }
 
+/// A send whose weight, with the weight in flight, would overflow a `usize` panics before
+/// its record is written: it takes no room, and does not come back at the next open. It
+/// used to write its record, then panic with a place in `capacity` taken for good.
+#[tokio::test]
+async fn a_send_that_overflows_the_weight_panics_before_its_record() {
+    use futures::FutureExt;
+    use std::panic::AssertUnwindSafe;
+
+    let dir = TempDir::new().unwrap();
+    let builder = || {
+        timed::Builder::new(HOUR)
+            .weigher(|v: &usize| *v)
+            .capacity(2)
+            .durable(dir.path())
+            .fsync(FsyncPolicy::Never)
+    };
+    let (tx, mut rx) = builder().open::<String, usize>().await.unwrap();
+    tx.send(k("a"), usize::MAX).await.unwrap();
+    let in_flight = rx.drain_now();
+    let sent = AssertUnwindSafe(tx.send(k("b"), 1)).catch_unwind().await;
+    assert!(sent.is_err(), "the send did not panic");
+    // Room for one more: "a" in flight, and this.
+    tx.try_send(k("c"), 0).unwrap();
+    assert_eq!(rx.stats().sent, 2);
+    drop((tx, rx, in_flight));
+    let (_tx, mut rx) = builder().open::<String, usize>().await.unwrap();
+    let mut back: Vec<_> = (rx.drain_now().into_iter().flatten())
+        .map(|d| (d.key().clone(), d.values().to_vec()))
+        .collect();
+    back.sort();
+    assert_eq!(back, vec![(k("a"), vec![usize::MAX]), (k("c"), vec![0])]);
+}
+
 /// `salvage` does not open past a segment of another format: it used to cut the segment to
-/// a bare header, deleting the values in it and every segment after it.
+/// a bare header, deleting the values in it (and every later segment, had there been any).
 #[tokio::test]
 async fn salvage_leaves_a_foreign_header_alone() {
     let dir = TempDir::new().unwrap();

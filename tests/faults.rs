@@ -349,14 +349,19 @@ async fn unheld_retry_counts_from_the_retry() {
 fn acked_send_that_overflows_the_weight_in_flight_panics() {
     let (tx, mut rx) = timed::Builder::new(Duration::ZERO)
         .weigher(|v: &usize| *v)
+        .capacity(2)
         .acked::<&str, usize>();
     tx.try_send("a", usize::MAX).unwrap();
     let in_flight = rx.try_recv().unwrap();
     assert!(panics(|| tx.try_send("b", 1)));
     assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Empty);
     let stats = rx.stats();
-    assert_eq!((stats.pending_values, stats.in_flight_values), (0, 1));
+    assert_eq!(
+        (stats.sent, stats.pending_values, stats.in_flight_values),
+        (1, 0, 1)
+    );
     assert_eq!(in_flight[0].values(), &[usize::MAX]);
+    // Room for one more: "a" in flight, and this.
     tx.try_send("b", 0).unwrap();
     assert_eq!(rx.try_recv().unwrap()[0].values(), &[0]);
 }

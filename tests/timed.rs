@@ -699,16 +699,20 @@ async fn unreachable_window_never_comes_due() {
 }
 
 /// When a key is due: in a channel older than about 146 years even "now" cannot be
-/// represented, so nothing comes due, a flush included; a close still takes values out.
+/// represented, so nothing comes due, a flush included; `drain_now` and a close still take
+/// values out.
 #[tokio::test(start_paused = true)]
-async fn a_channel_past_its_range_delivers_on_close() {
+async fn a_channel_past_its_range_delivers_on_drain_and_close() {
     let (tx, mut rx) = timed::channel(Duration::ZERO);
     advance(CENTURY_AND_A_HALF).await;
     tx.send("k", 1).await.unwrap();
     tx.flush(&"k");
     assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    assert_eq!(rx.drain_now(), vec![vec![("k", vec![1])]]);
+    tx.send("k", 2).await.unwrap();
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
     drop(tx);
-    assert_eq!(rx.try_recv(), Ok(vec![("k", vec![1])]));
+    assert_eq!(rx.try_recv(), Ok(vec![("k", vec![2])]));
 }
 
 /// When a key is due: a window of 40 years is kept, not cut to 30.

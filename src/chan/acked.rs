@@ -498,9 +498,12 @@ where
         }
         if let (Some(hold), Some(release)) = (flight.hold, release) {
             let (leads, key) = guard.queue.release(hold, release);
-            if key.is_some() {
-                // Dropped after the lock: its `Drop` may use the channel.
-                guard.spares.push((key, None));
+            // Dropped after the lock: its `Drop` may use the channel. In the guard's own
+            // spare where that is free (a single decision): the list allocates.
+            match (key, &guard.spare.0) {
+                (Some(key), None) => guard.spare.0 = Some(key),
+                (key @ Some(_), Some(_)) => guard.spares.push((key, None)),
+                (None, _) => {}
             }
             if leads {
                 guard.wake_receivers();

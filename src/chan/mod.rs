@@ -759,6 +759,14 @@ where
                 return Err(Blocked::Wait(LineName::Key));
             }
         }
+        // The total weight must fit, with what is held outside the queue (in flight, in dead
+        // letters, waiting for its record): the queue checks only its own, and a batch that
+        // moved an overflowing weight out of it would wrap. Checked before anything changes,
+        // a log record included, and while the value is still the caller's, so that it is
+        // dropped after the lock.
+        let total = (state.queue.weight().checked_add(state.held_weight))
+            .and_then(|held| held.checked_add(queued.weight));
+        assert!(total.is_some(), "the total pending weight overflows usize");
         // It goes in. In a durable channel its record goes first, under the lock, so that
         // any record of its delivery comes after it in the log.
         #[cfg(feature = "durable")]
@@ -827,13 +835,6 @@ where
             seq,
             ..
         } = item;
-        if state.held_weight != 0 {
-            // Weight in flight or in dead letters counts too: the queue checks only its own,
-            // and a batch that moved an overflowing weight out of it would wrap.
-            let total = (state.queue.weight().checked_add(state.held_weight))
-                .and_then(|held| held.checked_add(weight));
-            assert!(total.is_some(), "the total pending weight overflows usize");
-        }
         let items = match seq {
             Some(seq) => Items::AppendLogged(value, weight, seq, 0),
             None => Items::Append(value, weight),

@@ -86,7 +86,8 @@
 //!   offset; [`DurableBuilder::salvage`] opens with what comes before it instead. A power
 //!   cut under `Interval` or `Never` can leave such a record behind (an unsynced write
 //!   in an older segment).
-//! - A segment of another format is [`OpenError::Header`], with or without `salvage`.
+//! - A segment of another format, or with a damaged header, is [`OpenError::Header`], with
+//!   or without `salvage`.
 //! - A pending value whose key, value or input (deadline or sort key) does not decode is
 //!   [`OpenError::Decode`], not a skip.
 //!
@@ -217,8 +218,8 @@ impl<F, W> DurableBuilder<F, W> {
 
     /// Opens even if a segment is corrupt before its end: what comes before the first bad
     /// record is kept, and the rest of the log is deleted. Off by default, when corruption
-    /// is an [`OpenError::Corrupt`]. A segment of another format is not corrupt: it stays
-    /// an [`OpenError::Header`], and nothing is deleted.
+    /// is an [`OpenError::Corrupt`]. A segment whose header is not this format's (another
+    /// format, or a damaged header) stays an [`OpenError::Header`], and nothing is deleted.
     ///
     /// # Examples
     ///

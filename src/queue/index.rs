@@ -238,6 +238,15 @@ impl<R> Index<R> {
         self.discard_tickets(heap.into_iter().map(|Reverse(t)| t));
     }
 
+    /// Takes every ticket out, keeping those `live` says are; the others are discarded.
+    pub(super) fn take_live(&mut self, live: impl Fn(&Ticket<R>) -> bool) -> Vec<Ticket<R>> {
+        let fifo = mem::take(&mut self.fifo);
+        let heap = mem::take(&mut self.heap).into_iter().map(|Reverse(t)| t);
+        let (live, stale): (Vec<_>, Vec<_>) = fifo.into_iter().chain(heap).partition(live);
+        self.discard_tickets(stale);
+        live
+    }
+
     /// Drops every ticket.
     pub(super) fn clear(&mut self) {
         let fifo = mem::take(&mut self.fifo);

@@ -34,8 +34,9 @@
 //! A push whose `(rank, arrival)` is not smaller than the last one that went in order is
 //! O(1): the index is then a FIFO, as it is for a channel whose values all get
 //! `now + window`. Other pushes, and rank changes, cost O(log n) in a binary heap, amortized
-//! (stale index entries are dropped in bulk, and the table grows by doubling). A key holds a constant-sized slot plus its
-//! values (and their weights, once one differs from 1); there is no index entry per value.
+//! (stale index entries are dropped in bulk, and the table grows by doubling). A key holds
+//! a constant-sized slot plus its values (and their weights, once one differs from 1);
+//! there is no index entry per value.
 //!
 //! # Panics in user code
 //!
@@ -152,6 +153,18 @@ impl<R, K, V> Plan<R, K, V> {
 /// gives back at amortized O(1).
 pub(crate) fn mostly_unused(used: usize, capacity: usize, above: usize) -> bool {
     capacity > above && used * 8 < capacity
+}
+
+/// Where a rebuild of the index takes its tickets from.
+#[derive(Clone, Copy)]
+enum Tickets {
+    /// New ones for every key, each with a clone of its slot's rank: the ranks changed, or
+    /// most tickets are stale.
+    Fresh,
+    /// The live ones the index holds, and new ones only for keys that have none (planned
+    /// out of it, say), so that a rank whose `Clone` panics does not stop the repair of an
+    /// index that a panic left torn.
+    Kept,
 }
 
 /// One key's share of a batch.
@@ -638,7 +651,7 @@ where
     /// ```
     pub fn promote_all(&mut self, rank: R) -> bool {
         self.repair();
-        let slots = &mut self.slots;
+        let (slots, next_id) = (&mut self.slots, &mut self.next_id);
         // Replaced ranks are collected, to be discarded once user `Ord` is done.
         let (moved, old) = self.index.guard(|_| {
             let mut old = Vec::new();
@@ -646,6 +659,12 @@ where
             for slot in slots.iter_mut() {
                 if rank < slot.rank {
                     old.push(std::mem::replace(&mut slot.rank, rank.clone()));
+                    // A new ticket id: the ticket with the old rank is stale, even to a
+                    // repair that keeps live tickets, should this or the rebuild panic.
+                    if !slot.is_held() {
+                        *next_id += 1;
+                        slot.ticket = *next_id;
+                    }
                 }
             }
             (!old.is_empty(), old)
@@ -653,7 +672,7 @@ where
         old.into_iter().for_each(|r| self.index.discard(r));
         self.index.discard(rank);
         if moved {
-            self.rebuild();
+            self.rebuild(Tickets::Fresh);
         }
         moved
     }
@@ -961,7 +980,7 @@ where
                 }
             }
             self.plans = plan;
-            self.rebuild();
+            self.rebuild(Tickets::Kept);
             panic::resume_unwind(panic)
         }
         plan
@@ -1206,32 +1225,44 @@ where
         self.index
             .guard(|index| index.prune(|t| slots.find(t.hash, |s| s.ticket == t.id).is_some()));
         if self.index.len() > 2 * self.slots.len() + SMALL {
-            self.rebuild();
+            self.rebuild(Tickets::Fresh);
         }
     }
 
-    /// Rebuilds the index, if a panic in user `Ord` may have torn it.
+    /// Rebuilds the index, if a panic in user code may have torn it.
     fn repair(&mut self) {
         if self.index.is_torn() {
-            self.rebuild();
+            self.rebuild(Tickets::Kept);
         }
     }
 
-    /// Rebuilds the index from the slots: one live ticket per key, sorted, in the FIFO.
-    fn rebuild(&mut self) {
+    /// Rebuilds the index: one live ticket per key, sorted, in the FIFO. Held slots get
+    /// none: they are not due until released.
+    fn rebuild(&mut self, tickets: Tickets) {
         let Self { slots, index, .. } = self;
-        // The ranks' `Clone` runs under the guard too: should it panic, the index stays
+        // User `Clone` and `Ord` run under the guard: should either panic, the index stays
         // marked torn, and the next call rebuilds it again.
         index.guard(|index| {
-            let mut tickets: Vec<Ticket<R>> = Vec::with_capacity(slots.len());
-            // Held slots have no ticket: they are not due until released.
-            for slot in slots.iter().filter(|slot| !slot.is_held()) {
-                tickets.push(Ticket {
-                    rank: slot.rank.clone(),
-                    seq: slot.seq,
-                    id: slot.ticket,
-                    hash: slot.hash,
-                });
+            let mut tickets = match tickets {
+                Tickets::Fresh => Vec::with_capacity(slots.len()),
+                Tickets::Kept => {
+                    index.take_live(|t| slots.find(t.hash, |s| s.ticket == t.id).is_some())
+                }
+            };
+            let unheld = slots.iter().filter(|slot| !slot.is_held()).count();
+            if tickets.len() < unheld {
+                let have: std::collections::HashSet<u64> = tickets.iter().map(|t| t.id).collect();
+                for slot in slots
+                    .iter()
+                    .filter(|s| !s.is_held() && !have.contains(&s.ticket))
+                {
+                    tickets.push(Ticket {
+                        rank: slot.rank.clone(),
+                        seq: slot.seq,
+                        id: slot.ticket,
+                        hash: slot.hash,
+                    });
+                }
             }
             index.rebuild(tickets);
         });

@@ -395,7 +395,11 @@ fn a_push_that_panics_tidying_the_index_keeps_its_value() {
     }
     disarm();
     assert!(panicked, "no push tidied the index");
-    assert_eq!(q.len(), 2 + went_in as usize, "the panicking push's value is in");
+    assert_eq!(
+        q.len(),
+        2 + went_in as usize,
+        "the panicking push's value is in"
+    );
     let got = drain(&mut q);
     assert_eq!(got.len(), 2);
     assert_eq!(got[0].1, (1..=went_in + 1).collect::<Vec<_>>());

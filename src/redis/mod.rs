@@ -45,13 +45,13 @@
 //! by arrival, a sorted set of the keys a `retry_after` holds, and the leases of the
 //! deliveries in flight. The client is a single-node client: Redis Cluster is not
 //! supported, though the hash tags keep each shard in one slot. Every change to a key's
-//! values or state is one Lua script, which reads the server's `TIME`. A
-//! waiting receiver sleeps on a tokio timer set to the next deadline or lease expiry the
-//! server reported, and is woken early by a marker it pops with `BZPOPMIN` on a connection
-//! of its own. A send sets the marker when it moves the first deadline earlier, a
-//! `retry_after` when its delay is the first to end, and a receiver that takes a batch sets
-//! it when more waits, so that another receiver learns of it. One marker wakes one receiver; since a marker can be lost with a connection, a
-//! waiting receiver also looks once a second.
+//! values or state is one Lua script, which reads the server's `TIME`. A waiting receiver
+//! sleeps on a tokio timer set to the next deadline or lease expiry the server reported,
+//! and is woken early by a marker it pops with `BZPOPMIN` on a connection of its own. A
+//! send sets the marker when it moves the first deadline earlier, a `retry_after` when its
+//! delay is the first to end, and a receiver that takes a batch sets it when more waits, so
+//! that another receiver learns of it. One marker wakes one receiver; since a marker can be
+//! lost with a connection, a waiting receiver also looks once a second.
 //!
 //! A value is decoded as the receiver's `V` only if it takes all of its bytes, but postcard
 //! does not record types: a value of another type with a compatible encoding (a `u32` read
