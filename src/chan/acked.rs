@@ -499,11 +499,14 @@ where
         if let (Some(hold), Some(release)) = (flight.hold, release) {
             let (leads, key) = guard.queue.release(hold, release);
             // Dropped after the lock: its `Drop` may use the channel. In the guard's own
-            // spare where that is free (a single decision): the list allocates.
+            // spare where that is free (a single decision), since the list allocates; a key
+            // whose drop does nothing goes here.
             match (key, &guard.spare.0) {
                 (Some(key), None) => guard.spare.0 = Some(key),
-                (key @ Some(_), Some(_)) => guard.spares.push((key, None)),
-                (None, _) => {}
+                (Some(key), Some(_)) if std::mem::needs_drop::<K>() => {
+                    guard.spares.push((Some(key), None));
+                }
+                _ => {}
             }
             if leads {
                 guard.wake_receivers();
