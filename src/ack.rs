@@ -443,7 +443,8 @@ impl<K: fmt::Debug, V: fmt::Debug> fmt::Debug for Delivery<K, V> {
 /// taken effect, or with the reason it did not.
 ///
 /// The decision is made when the method is called, not when the future is polled:
-/// dropping the future does not undo it. An in-memory channel resolves it at once.
+/// dropping the future does not undo it. For `give_up`, the values come back only through
+/// the future: dropping it drops them. An in-memory channel resolves it at once.
 #[must_use = "the decision is made; await the future to learn whether it took effect"]
 pub struct Decided<T> {
     state: DecidedState<T>,

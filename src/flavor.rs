@@ -32,8 +32,8 @@ pub(crate) trait Flavor {
 
     /// When a value that arrived at `arrival` would make a key of its own due, at the
     /// latest: what a send through the inbox compares with the deadline the receivers sleep
-    /// on, without the lock (see `chan::inbox`). Early is safe (a wake for nothing); late
-    /// is not. The default, `arrival`, is due at once.
+    /// on, without the lock (see `chan::inbox`); `u64::MAX` if never. Early is safe (a wake
+    /// for nothing); late is not. The default, `arrival`, is due at once.
     fn due_alone(_input: &Self::Input, arrival: u64, _epoch: Instant, _config: &Config) -> u64 {
         arrival
     }

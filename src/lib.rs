@@ -71,21 +71,26 @@
 //!   acknowledging channel the rest wait until the first part's delivery is decided.
 //! - Never nothing: a batch is never empty.
 //!
-//! *Due* is when a key may be taken. A waiting receiver takes it then (one timer tick later
-//! at most, tokio's timer having a 1 ms tick); otherwise it is taken when a receiver next
-//! asks. Every value is delivered exactly once. Cloned receivers share the work: each batch
-//! goes to one of them.
+//! *Due* is when a key may be taken. A waiting receiver takes it then (about one timer tick
+//! later: tokio rounds a deadline up to its 1 ms tick, and the OS adds its own latency);
+//! otherwise it is taken when a receiver next asks. Every value is delivered exactly once.
+//! Cloned receivers share the work: each batch goes to one of them, so the parts of a key
+//! that a batch split may be in the hands of two clones at once.
 //!
 //! # No polling
 //!
 //! A waiting receiver sleeps on a tokio timer of its own, set to the earliest deadline; a
 //! receiver that is not waiting holds no timer. A sender wakes the waiting receivers only
-//! when the earliest deadline moves earlier (a key is due at once, say), or when the
-//! channel closes, so a receiver waiting on a quiet channel is not woken at all.
+//! when a key comes to the front of the queue (its deadline moves earlier than the
+//! earliest, as when a key is due at once, or level with it for a key whose run is older),
+//! or when the channel closes, so a receiver waiting on a quiet channel is not woken at
+//! all.
 //!
 //! A channel with an inbox (see *Panics in user code*) adds one wake: after a waiting
-//! receiver stops waiting (its `recv` dropped, say), the next send that goes through the
-//! inbox wakes the other waiting receivers once, whatever its deadline.
+//! receiver stops waiting without taking a batch (its `recv` dropped, say), the next send
+//! that goes through the inbox wakes the other waiting receivers once, whatever its
+//! deadline, if it can be reached (and, until they look again, a later send that is due
+//! earlier still wakes them again, by the rule above).
 //!
 //! With cloned receivers, each of these events, and each deadline, wakes every waiting
 //! receiver, and one of them takes the batch: with `n` receivers waiting, a batch costs up
@@ -124,9 +129,9 @@
 //! for a key slot. Room returns as soon as a batch is taken (in an acknowledging channel,
 //! when a delivery is decided). Values handed back with `requeue` always go in, past any of
 //! these limits. A value held by a sender's `Sink` impl holds no place in line: it goes in
-//! once there is room and no `send` waits for room (a value for a pending key goes in past
-//! sends that wait for a key slot, as above), so a sink that is no longer polled holds up
-//! no one.
+//! at the sink's next `poll_ready`, `poll_flush` or `poll_close` once there is room and no
+//! `send` waits for room (a value for a pending key goes in past sends that wait for a key
+//! slot, as above), so a sink that is no longer polled holds up no one.
 //!
 //! # Flushing, draining and watching
 //!
@@ -239,19 +244,21 @@
 //! lock, on any handle, puts the inbox's values in first. (The send still waits for the
 //! lock when the inbox is full, and takes it to wake the receivers when its value may be
 //! due before the deadline they sleep until: when it is, and when that deadline is not
-//! known, as when no receiver waits or one has just stopped waiting. A send made by user
-//! code under the lock, on the thread that holds it, never waits: its value goes in even
-//! past the bound, and the call that holds the lock wakes the receivers before it lets go.)
-//! The user code that putting a value in runs, `Eq` of its key and, in `ordered`, `Ord` and
-//! `Clone` of sort keys, then runs in that call. If it panics, that call does not panic,
-//! and every other value goes in: the value is dropped and counted in
-//! [`Stats::lost`](stats::Stats::lost) if the panic came before it went in, and stays
-//! pending, to be delivered, if it came after (another sort key's `Ord`, as the queue's
-//! index settles). A value whose weight would overflow the total pending weight is dropped
-//! and counted so too, whereas a send that puts its value in itself panics. A send finds the
-//! lock held, or values in the inbox, only while another thread holds the lock or has left
-//! values there, or once user code that runs under the lock (an `Eq`, say) has sent on the
-//! same channel: handles used on one thread, by code that does not, never see the inbox.
+//! known (in a new channel, after a receiver stopped waiting without taking a batch, or
+//! while one waits with nothing due), unless the value's own deadline is past the range and
+//! never reached. A send made by user code under the lock, on the thread that holds it,
+//! never waits: its value goes in even past the bound, and the call that holds the lock
+//! wakes the receivers before it lets go.) The user code that putting a value in runs, `Eq`
+//! of its key and, in `ordered`, `Ord` and `Clone` of sort keys, then runs in that call. If
+//! it panics, that call does not panic, and every other value goes in: the value is dropped
+//! and counted in [`Stats::lost`](stats::Stats::lost) if the panic came before it went in,
+//! and stays pending, to be delivered, if it came after (another sort key's `Ord`, as the
+//! queue's index settles). A value whose weight would overflow the total pending weight is
+//! dropped and counted so too, whereas a send that puts its value in itself panics. A send
+//! finds the lock held, or values in the inbox, only while another thread holds the lock or
+//! has left values there, or once user code that runs under the lock (an `Eq`, say) has
+//! sent on the same channel: handles used on one thread, by code that does not, never see
+//! the inbox.
 //!
 //! User code that runs under the lock is exactly this: `Eq` of keys (when a value goes in,
 //! or a key is flushed), `Clone` of a key that a batch splits (in an acknowledging channel,

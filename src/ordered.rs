@@ -519,7 +519,9 @@ impl<S, K, V> Sender<S, K, V> {
 /// line of waiting sends: it goes in once there is room and no `send` call waits for room
 /// (a value for a pending key goes in past sends that wait for a key slot: see *Limits* in
 /// the crate docs), so a sink left unpolled (after a timeout, say) holds up no one. To
-/// take the value back, call [`Sender::abort_send`]; dropping the sender drops it.
+/// take the value back, call [`Sender::abort_send`]; dropping the sender drops it (it was
+/// never sent, and is not counted in `Stats::lost`). A `poll_close` that returned `Pending`
+/// and was then abandoned has not disconnected the handle: it still counts as a sender.
 ///
 /// # Panics
 ///

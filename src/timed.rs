@@ -182,7 +182,13 @@ impl Flavor for Deadlines {
         // As `rank` computes it for a key alone; `is_full` is never true on a channel that
         // has an inbox (it has no per-key limits).
         let since = |at| flavor::since(epoch, at);
-        due_at(due, arrival, window_nanos(config), since).0
+        let at = due_at(due, arrival, window_nanos(config), since).0;
+        // A deadline past the range is never reached: no deadline, as a receiver whose keys
+        // all have one publishes it, so that such sends wake no one.
+        match at >= Deadline::NEVER {
+            true => u64::MAX,
+            false => at,
+        }
     }
 }
 
@@ -862,7 +868,9 @@ impl<K, V> Sender<K, V> {
 /// line of waiting sends: it goes in once there is room and no `send` call waits for room
 /// (a value for a pending key goes in past sends that wait for a key slot: see *Limits* in
 /// the crate docs), so a sink left unpolled (after a timeout, say) holds up no one. To
-/// take the value back, call [`Sender::abort_send`]; dropping the sender drops it.
+/// take the value back, call [`Sender::abort_send`]; dropping the sender drops it (it was
+/// never sent, and is not counted in `Stats::lost`). A `poll_close` that returned `Pending`
+/// and was then abandoned has not disconnected the handle: it still counts as a sender.
 ///
 /// # Panics
 ///

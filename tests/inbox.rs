@@ -55,6 +55,30 @@ async fn due_a_window_after_send() {
     assert_eq!(rx.try_recv(), Ok(vec![("b", vec![2])]));
 }
 
+/// A window too long to reach: a send through the inbox moves no deadline, so a receiver
+/// waiting with nothing due is not woken. Such sends used to compare their deadline, past
+/// the range, with the receiver's "none", and woke it every time.
+#[tokio::test(start_paused = true)]
+async fn sends_that_never_come_due_wake_no_one() {
+    inbox_always();
+    let two_centuries = Duration::from_secs(200 * 365 * 24 * 3600);
+    let (tx, mut rx) = timed::channel::<u32, u32>(two_centuries);
+    tx.try_send(0, 0).unwrap();
+    let mut recv = spawn(async move { rx.recv().await });
+    // Its first poll takes the first value in from the inbox, and may wake itself for it.
+    assert_pending!(recv.poll());
+    if recv.is_woken() {
+        assert_pending!(recv.poll());
+    }
+    assert!(!recv.is_woken());
+    for i in 1..100 {
+        tx.try_send(i, i).unwrap();
+        assert!(!recv.is_woken(), "woken by send {i}");
+    }
+    drop(tx);
+    assert!(recv.is_woken(), "the close wakes it");
+}
+
 /// `len`, `stats` and `drain_now` count and take values still in the inbox, in the order
 /// they were sent.
 #[tokio::test(start_paused = true)]
