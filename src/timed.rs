@@ -183,8 +183,8 @@ impl Flavor for Deadlines {
         // has an inbox (it has no per-key limits).
         let since = |at| flavor::since(epoch, at);
         let at = due_at(due, arrival, window_nanos(config), since).0;
-        // A deadline past the range is never reached: no deadline, as a receiver whose keys
-        // all have one publishes it, so that such sends wake no one.
+        // A deadline past the range is never reached: it is no deadline (`u64::MAX`), what a
+        // receiver whose keys all have such deadlines publishes, so such sends wake no one.
         match at >= Deadline::NEVER {
             true => u64::MAX,
             false => at,
