@@ -264,21 +264,20 @@
 //! or a key is flushed), `Clone` of a key that a batch splits (in an acknowledging channel,
 //! of every key delivered, since its slot stays), `Ord` and `Clone` of sort keys in
 //! `ordered`, and `Clone` and `Drop` of the wakers it keeps for waiting tasks. Such code
-//! may send on the same channel if the channel has an inbox, as above; any other use of
-//! the channel there (a send in a channel without an inbox, a flush, a handle dropped, and
-//! in a custom waker anything at all) may wait for the lock, which never comes free. In an
-//! acknowledging channel, a key whose
-//! `Clone` panicked cannot be held: it goes out whole, and its newer values are not held
-//! back while it is in flight, so it may have more than one delivery out at once. Each retry
-//! of such a key puts its values back at once (`retry_after` does not wait out the delay),
-//! in front of the key's pending values: the values retried last come first, whatever
-//! order they were sent in. `Hash`, the weigher and, in a durable channel, `Serialize`
-//! run before the lock is taken, and never when a delivery is decided. Keys, values and
-//! sort keys are dropped, and wakers woken, after it is released, so their `Drop`, or a
-//! wake, may use the channel; the one exception is the key, value and sort key of a value
-//! whose own user code panics under the lock (or that a receiver's `requeue` hands back
-//! with a weight that overflows the total), which are dropped as the panic unwinds, before
-//! the lock is released.
+//! may send on the same channel if the channel has an inbox, as above; any other use of the
+//! channel there (a send in a channel without an inbox, a flush, a handle dropped, and in a
+//! custom waker anything at all) may wait for the lock, which never comes free. In an
+//! acknowledging channel, a key whose `Clone` panicked cannot be held: it goes out whole,
+//! and its newer values are not held back while it is in flight, so it may have more than
+//! one delivery out at once. Each retry of such a key puts its values back at once
+//! (`retry_after` does not wait out the delay), in front of the key's pending values: the
+//! values retried last come first, whatever order they were sent in. `Hash`, the weigher
+//! and, in a durable channel, `Serialize` run before the lock is taken, and never when a
+//! delivery is decided. Keys, values and sort keys are dropped, and wakers woken, after it
+//! is released, so their `Drop`, or a wake, may use the channel; the one exception is the
+//! key, value and sort key of a value whose own user code panics under the lock (or that a
+//! receiver's `requeue` hands back with a weight that overflows the total), which are
+//! dropped as the panic unwinds, before the lock is released.
 
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
