@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use super::{Chan, Guard, Rx, State, Take, Waiters};
+use super::{set_aside, Chan, Guard, Rx, State, Take, Waiters};
 use crate::ack::{DeadLetter, DeadLetters, Decided, Decision, Delivery, Link};
 use crate::error::TryRecvError;
 use crate::flavor::{self, Flavor};
@@ -322,7 +322,7 @@ where
             // A retried key has values, so it stays; should it not, its key is dropped
             // after the lock.
             if let (_, Some(key)) = queue.release(delayed.hold, Release::Lower(rank)) {
-                spares.push((Some(key), None));
+                set_aside::<F, K>(spares, key);
             }
         }
     }
@@ -498,15 +498,12 @@ where
         }
         if let (Some(hold), Some(release)) = (flight.hold, release) {
             let (leads, key) = guard.queue.release(hold, release);
-            // Dropped after the lock: its `Drop` may use the channel. In the guard's own
-            // spare where that is free (a single decision), since the list allocates; a key
-            // whose drop does nothing goes here.
+            // Dropped after the lock: in the guard's own spare where that is free (a single
+            // decision), since the list allocates.
             match (key, &guard.spare.0) {
                 (Some(key), None) => guard.spare.0 = Some(key),
-                (Some(key), Some(_)) if std::mem::needs_drop::<K>() => {
-                    guard.spares.push((Some(key), None));
-                }
-                _ => {}
+                (Some(key), Some(_)) => set_aside::<F, K>(&mut guard.spares, key),
+                (None, _) => {}
             }
             if leads {
                 guard.wake_receivers();

@@ -146,6 +146,14 @@ struct State<F: Flavor, K, V> {
 /// released, since its `Drop` is user code.
 type Spare<F, K> = (Option<K>, Option<<F as Flavor>::Rank>);
 
+/// Puts `key` among the spares to drop after the lock, its `Drop` being user code that may
+/// use the channel; a key whose drop does nothing is dropped here, since the list allocates.
+fn set_aside<F: Flavor, K>(spares: &mut Vec<Spare<F, K>>, key: K) {
+    if mem::needs_drop::<K>() {
+        spares.push((Some(key), None));
+    }
+}
+
 /// Running totals for [`Stats`].
 #[derive(Default)]
 struct Counts {

@@ -1243,26 +1243,26 @@ where
         // User `Clone` and `Ord` run under the guard: should either panic, the index stays
         // marked torn, and the next call rebuilds it again.
         index.guard(|index| {
-            let mut tickets = match tickets {
-                Tickets::Fresh => Vec::with_capacity(slots.len()),
+            // The ids of the live tickets kept, if any are: their keys need no new one.
+            let (mut tickets, kept) = match tickets {
+                Tickets::Fresh => (Vec::with_capacity(slots.len()), None),
                 Tickets::Kept => {
-                    index.take_live(|t| slots.find(t.hash, |s| s.ticket == t.id).is_some())
+                    let live =
+                        index.take_live(|t| slots.find(t.hash, |s| s.ticket == t.id).is_some());
+                    let ids: std::collections::HashSet<u64> = live.iter().map(|t| t.id).collect();
+                    (live, Some(ids))
                 }
             };
-            let unheld = slots.iter().filter(|slot| !slot.is_held()).count();
-            if tickets.len() < unheld {
-                let have: std::collections::HashSet<u64> = tickets.iter().map(|t| t.id).collect();
-                for slot in slots
-                    .iter()
-                    .filter(|s| !s.is_held() && !have.contains(&s.ticket))
-                {
-                    tickets.push(Ticket {
-                        rank: slot.rank.clone(),
-                        seq: slot.seq,
-                        id: slot.ticket,
-                        hash: slot.hash,
-                    });
-                }
+            let needs_one = |slot: &&Slot<R, K, V>| {
+                !slot.is_held() && kept.as_ref().is_none_or(|ids| !ids.contains(&slot.ticket))
+            };
+            for slot in slots.iter().filter(needs_one) {
+                tickets.push(Ticket {
+                    rank: slot.rank.clone(),
+                    seq: slot.seq,
+                    id: slot.ticket,
+                    hash: slot.hash,
+                });
             }
             index.rebuild(tickets);
         });

@@ -277,13 +277,19 @@ fn panicking_clone_during_split_loses_nothing() {
     assert_eq!(batch, vec![(1, vec![1]), (2, vec![2, 3])]);
 }
 
-#[test]
-fn panicking_ord_loses_nothing() {
+/// Keys 10 to 59, each with one value and a rank of its id, pushed in descending order so
+/// that they go to the heap, where pushes and pops compare.
+fn in_the_heap() -> SortedQueue<TouchyRank, u32, u32> {
     let mut q = SortedQueue::new();
-    // Descending ranks go to the heap, where pushes and pops compare.
     for id in (10..60).rev() {
         q.push(id, id, TouchyRank(id));
     }
+    q
+}
+
+#[test]
+fn panicking_ord_loses_nothing() {
+    let mut q = in_the_heap();
     arm(33, &[What::Ord]);
     assert!(panics(|| {
         q.pop_batch(usize::MAX, |_| true);
@@ -326,17 +332,13 @@ fn a_clone_panic_while_rebuilding_leaves_the_index_to_rebuild() {
     assert!(panics(|| q.pop_batch(2, |_| true)));
     disarm();
     assert_eq!(q.len(), 3);
-    let got: Vec<_> = drain(&mut q).into_iter().map(|(k, v)| (k.0, v)).collect();
-    assert_eq!(got, vec![(1, vec![1]), (2, vec![2, 3])]);
+    assert_eq!(ids(drain(&mut q)), vec![(1, vec![1]), (2, vec![2, 3])]);
 }
 
 /// The same, with `Ord` and `Clone` of one rank panicking in the heap.
 #[test]
 fn ord_and_clone_panics_in_a_pop_lose_nothing() {
-    let mut q = SortedQueue::new();
-    for id in (10..60).rev() {
-        q.push(id, id, TouchyRank(id));
-    }
+    let mut q = in_the_heap();
     arm(33, &[What::Ord, What::Clone]);
     assert!(panics(|| q.pop_batch(usize::MAX, |_| true)));
     disarm();
@@ -364,10 +366,7 @@ fn a_clone_panic_in_promote_all_keeps_ranks_consistent() {
 /// rank of the key that comes out next, found among the slots.
 #[test]
 fn peek_rank_is_right_while_the_index_is_torn() {
-    let mut q = SortedQueue::new();
-    for id in (10..60).rev() {
-        q.push(id, id, TouchyRank(id));
-    }
+    let mut q = in_the_heap();
     arm(33, &[What::Ord]);
     assert!(panics(|| q.pop_batch(usize::MAX, |_| true)));
     disarm();
