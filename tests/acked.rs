@@ -463,6 +463,25 @@ async fn give_up_hands_the_values_back() {
     );
 }
 
+/// A decision is made when it is called: a `give_up` whose future loses a `select!` still
+/// gives up, and its values, which only the future hands back, are dropped with it.
+#[tokio::test(start_paused = true)]
+async fn a_give_up_whose_future_is_dropped_still_gives_up() {
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO).acked();
+    tx.send("k", 1).await.unwrap();
+    let delivery = rx.recv().await.unwrap().remove(0);
+    tokio::select! {
+        biased;
+        () = std::future::ready(()) => {}
+        _ = delivery.give_up() => panic!("the ready branch goes first"),
+    }
+    let stats = rx.stats();
+    assert_eq!((stats.given_up, stats.in_flight_keys), (1, 0));
+    assert_eq!(rx.len(), 0);
+    drop(tx);
+    assert!(rx.recv().await.is_none());
+}
+
 /// `max_attempts(n)`: the retry after the n-th attempt sends the values to the dead
 /// letters, with the attempt count; nothing is dropped silently.
 #[tokio::test(start_paused = true)]

@@ -488,6 +488,23 @@ async fn sink_close_of_one_sender_disconnects_only_it() {
     assert_eq!(rx.recv().await, None);
 }
 
+/// A `SinkExt::close` abandoned while its value waits for room has not disconnected the
+/// handle: it still counts as a sender, and its value goes in at the next flush.
+#[tokio::test(start_paused = true)]
+async fn an_abandoned_sink_close_leaves_the_handle_connected() {
+    let (mut tx, mut rx) = timed::Builder::new(secs(60)).capacity(1).build();
+    tx.try_send("a", 1).unwrap();
+    let sent = tokio::time::timeout(ms(10), SinkExt::send(&mut tx, ("b", 2)));
+    assert!(sent.await.is_err(), "no room for b");
+    let closed = tokio::time::timeout(ms(10), SinkExt::close(&mut tx));
+    assert!(closed.await.is_err(), "b still waits for room");
+    assert!(!tx.is_closed());
+    assert_eq!(rx.stats().senders, 1);
+    assert_eq!(rx.drain_now(), vec![vec![("a", vec![1])]]);
+    SinkExt::flush(&mut tx).await.unwrap();
+    assert_eq!(rx.drain_now(), vec![vec![("b", vec![2])]]);
+}
+
 /// `poll_ready` on a closed channel, with nothing taken, returns the error at once.
 #[tokio::test(start_paused = true)]
 async fn poll_ready_on_a_closed_channel_fails() {
