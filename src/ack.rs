@@ -171,9 +171,11 @@ impl<K, V> Delivery<K, V> {
         &self.body.as_ref().expect("undecided").1
     }
 
-    /// How many times these values have been handed out, this time included: the most
-    /// among them (most often the first value's, since values that come back go in front
-    /// of newer ones).
+    /// How many times the first of these values has been handed out, this time included.
+    /// Values that come back go in front of newer ones, so this is most often the most
+    /// among them; not always for a key that cannot be held (see *Panics in user code* in
+    /// the crate docs), whose retries go back in the order they are made, nor in a reopened
+    /// durable channel.
     ///
     /// It is 1 on a first delivery. A value that comes back never has attempt 1 again, not
     /// even in the part of a key that a batch cap split off. Values sent while their key's

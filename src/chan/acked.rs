@@ -265,9 +265,9 @@ where
                 // A value that came back knows when it entered; otherwise the run's start
                 // is a time at or before the first value entered.
                 let entered = taken.front.entered.unwrap_or(started);
-                // The most among the values: the first came back most often, unless its key
-                // could not be held and retries of two deliveries went in out of turn.
-                let attempt = taken.front.handed.iter().max().copied().unwrap_or(0) + 1;
+                // The first value's count: it is the model's rule (`tests/model.rs`), and what
+                // `Delivery::attempt` says.
+                let attempt = taken.front.handed.first().copied().unwrap_or(0) + 1;
                 *held_values += values;
                 *held_weight += taken.weight;
                 acked.in_flight_values += values;
