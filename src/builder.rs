@@ -222,8 +222,9 @@ impl<F, W> Builder<F, W> {
     /// retry after the `n`-th attempt sends them to the dead letters instead of back into
     /// the queue. Off by default: values are retried for as long as they fail.
     ///
-    /// A delivery's attempt is the most among its values, and values sent while their key
-    /// was being retried join it: they go to the dead letters with it.
+    /// A delivery's attempt is its first value's count (see
+    /// [`Delivery::attempt`](crate::ack::Delivery::attempt)), and values sent while their
+    /// key was being retried join it: they go to the dead letters with it.
     ///
     /// # Panics
     ///

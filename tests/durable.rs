@@ -677,6 +677,70 @@ async fn salvage_leaves_a_foreign_header_alone() {
     );
 }
 
+/// A foreign header later in the log is found before `salvage` cuts anything for a bad
+/// record earlier on: nothing is cut or deleted.
+#[tokio::test]
+async fn salvage_cuts_nothing_while_a_later_header_is_foreign() {
+    let dir = TempDir::new().unwrap();
+    let builder = || hourly(dir.path()).segment_size(256);
+    let (tx, rx) = builder().open::<String, u32>().await.unwrap();
+    for v in 0..40 {
+        tx.send(k("a"), v).await.unwrap();
+    }
+    drop((tx, rx));
+    let segments = segments(dir.path());
+    assert!(segments.len() >= 3, "{segments:?}");
+    let mut oldest = fs::read(&segments[0]).unwrap();
+    let second = record_offsets(&oldest)[1];
+    oldest[second + 9] ^= 0xff; // a bad record in the oldest segment
+    fs::write(&segments[0], &oldest).unwrap();
+    let newest = segments.last().unwrap();
+    let mut foreign = fs::read(newest).unwrap();
+    foreign[8] = 99; // the format version
+    fs::write(newest, &foreign).unwrap();
+    let opened = builder().salvage().open::<String, u32>().await;
+    assert!(
+        matches!(opened, Err(OpenError::Header { .. })),
+        "{opened:?}"
+    );
+    for (path, bytes) in [(&segments[0], &oldest), (newest, &foreign)] {
+        assert_eq!(&fs::read(path).unwrap(), bytes, "{path:?} is untouched");
+    }
+    assert_eq!(self::segments(dir.path()), segments, "no segment deleted");
+}
+
+/// Only the start of this format's own header counts as a header torn by a crash: a
+/// shorter header of another codec, or a few bytes of something else, is a header error,
+/// and the file is left as it was.
+#[tokio::test]
+async fn a_short_foreign_segment_is_a_header_error() {
+    let mut codec = b"KBATCHLG".to_vec();
+    codec.extend_from_slice(&1u16.to_le_bytes());
+    codec.push(4);
+    codec.extend_from_slice(b"json");
+    for bytes in [codec, b"hello".to_vec()] {
+        let dir = TempDir::new().unwrap();
+        let segment = dir.path().join(format!("{:020}.kblog", 0));
+        fs::write(&segment, &bytes).unwrap();
+        let opened = hourly(dir.path()).open::<String, u32>().await;
+        assert!(
+            matches!(opened, Err(OpenError::Header { .. })),
+            "{opened:?}"
+        );
+        assert_eq!(fs::read(&segment).unwrap(), bytes, "the file is untouched");
+    }
+
+    // The start of this format's own header, from a real segment, is a torn one.
+    let dir = TempDir::new().unwrap();
+    drop(open(dir.path()).await);
+    let segment = segments(dir.path()).pop().unwrap();
+    let header = fs::read(&segment).unwrap();
+    fs::write(&segment, &header[..7]).unwrap();
+    let (_tx, rx) = open(dir.path()).await;
+    assert_eq!(rx.len(), 0);
+    assert_eq!(rx.stats().log_truncated_bytes, 7);
+}
+
 /// A value that does not decode as the type the channel is opened with is an error naming
 /// where it is, not a value skipped.
 #[tokio::test]

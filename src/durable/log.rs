@@ -188,7 +188,7 @@ fn record(body: &[u8]) -> Option<Record<'_>> {
 }
 
 /// Checks a segment's header; returns where its records start.
-fn check_header(bytes: &[u8]) -> Result<usize, String> {
+pub(crate) fn check_header(bytes: &[u8]) -> Result<usize, String> {
     if bytes.len() < MAGIC.len() + 3 || &bytes[..MAGIC.len()] != MAGIC {
         return Err("not a keyed-batch log segment (bad magic bytes)".into());
     }

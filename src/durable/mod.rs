@@ -69,7 +69,9 @@
 //! once; a `retry_after` delay is not kept. Values dropped with the last receiver (pending
 //! ones, dead letters not taken, and deliveries retried or dropped after it) were never
 //! acknowledged, so they come back too: a dead letter that was not taken comes back
-//! pending, not as a dead letter, and its next delivery's attempt is `max_attempts + 1`.
+//! pending, not as a dead letter, and a delivery that starts with it has attempt
+//! `max_attempts + 1` (one whose record was written after an older value's of its key
+//! comes back behind that value, and a delivery's attempt is its first value's).
 //!
 //! - The directory is locked: a second `open` fails with [`OpenError::Locked`] until the
 //!   channel's every handle is gone (senders, receivers, deliveries, decision futures and
@@ -87,7 +89,9 @@
 //!   cut under `Interval` or `Never` can leave such a record behind (an unsynced write
 //!   in an older segment).
 //! - A segment of another format, or with a damaged header, is [`OpenError::Header`], with
-//!   or without `salvage`.
+//!   or without `salvage`, and nothing is cut or deleted. The one exception is a newest
+//!   segment shorter than a header that holds the start of this format's own (a crash as
+//!   the segment was made): it is cut to nothing, as a torn tail is.
 //! - A pending value whose key, value or input (deadline or sort key) does not decode is
 //!   [`OpenError::Decode`], not a skip.
 //!

@@ -83,6 +83,22 @@ where
         contents.push((index, path, bytes));
     }
 
+    // Every header first: a segment of another format is not this log's to cut, so while
+    // any header is foreign nothing is cut or deleted, `salvage` or not. Only the newest
+    // segment may hold less than a header, and only the start of this format's own: a
+    // crash as the segment was made.
+    for (at, (_, path, bytes)) in contents.iter().enumerate() {
+        if let Err(detail) = log::check_header(bytes) {
+            let torn = at + 1 == contents.len() && log::header().starts_with(bytes);
+            if !torn {
+                return Err(OpenError::Header {
+                    segment: path.clone(),
+                    detail,
+                });
+            }
+        }
+    }
+
     let mut truncated = 0;
     let mut sends = Vec::new();
     let mut done = HashSet::new();
@@ -116,39 +132,27 @@ where
             }
         });
         let Some(bad) = bad else { continue };
-        let cut = match &bad {
-            // A segment whose header was cut short by a crash as it was made: nothing in it.
-            Bad::Header(_) if last && bytes.len() < log::header().len() => Some(0),
-            Bad::Header(_) => None,
-            Bad::Record(at) if last && !log::valid_after(bytes, *at) => Some(*at),
-            Bad::Record(_) => None,
-        };
-        match (cut, bad) {
-            (Some(cut), _) => {
-                truncate(path, cut)?;
-                truncated += (bytes.len() - cut) as u64;
-            }
-            // A segment of another format is not corrupt, and `salvage` leaves it alone: it
-            // would otherwise be cut to nothing, and every segment after it deleted.
-            (None, Bad::Header(detail)) => {
-                return Err(OpenError::Header {
-                    segment: path.clone(),
-                    detail,
-                })
-            }
-            (None, Bad::Record(offset)) if opening.salvage => {
-                // Keep what comes before the bad record; drop the rest of the log.
-                truncate(path, offset)?;
-                truncated += (bytes.len() - offset) as u64;
-                keep = at + 1;
-                break;
-            }
-            (None, Bad::Record(offset)) => {
+        // Where to cut this segment, and whether the segments after it go too.
+        let (cut, rest_goes) = match bad {
+            // The newest segment's header, cut short by a crash as it was made (the only bad
+            // header the pass above lets through): nothing in it.
+            Bad::Header(_) => (0, false),
+            // A torn tail: a write cut short by a crash.
+            Bad::Record(offset) if last && !log::valid_after(bytes, offset) => (offset, false),
+            // Keep what comes before the bad record; drop the rest of the log.
+            Bad::Record(offset) if opening.salvage => (offset, true),
+            Bad::Record(offset) => {
                 return Err(OpenError::Corrupt {
                     segment: path.clone(),
                     offset: offset as u64,
                 })
             }
+        };
+        truncate(path, cut)?;
+        truncated += (bytes.len() - cut) as u64;
+        if rest_goes {
+            keep = at + 1;
+            break;
         }
     }
     for (_, path, bytes) in contents.iter().skip(keep) {
