@@ -1,6 +1,7 @@
 //! Per-key time-window batching: a key's values come out together, due at most `window`
 //! after the first of them entered the channel (in an acknowledging channel, not before
-//! the key's delivery in flight is decided).
+//! the key's delivery in flight is decided, nor before a `retry_after` delay that holds
+//! the key ends).
 //!
 //! A value sent with [`Sender::send`] is due `window` after it enters the channel. A key is
 //! due at the smallest deadline among its pending values, so the first value of a quiet key
@@ -356,7 +357,9 @@ impl Builder {
 }
 
 impl<W> Builder<W> {
-    /// Makes a key due at once when it holds `n` pending values, whatever its deadline.
+    /// Makes a key due at once when it holds `n` pending values, whatever its deadline (in
+    /// an acknowledging channel, a key with a delivery in flight, or held by a `retry_after`
+    /// delay, still waits for it, as its deadline would).
     ///
     /// # Panics
     ///

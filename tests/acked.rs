@@ -103,6 +103,28 @@ async fn retry_after_joins_new_values() {
     ack_all(batch).await;
 }
 
+/// `max_values_per_key` makes a key due at once, but a key with a delivery in flight, or
+/// held by `retry_after`, still waits for it, as `Builder::max_values_per_key` says.
+#[tokio::test(start_paused = true)]
+async fn a_full_key_still_waits_for_its_delivery_and_its_retry_delay() {
+    let (tx, mut rx) = timed::Builder::new(WINDOW).max_values_per_key(2).acked();
+    tx.send("k", 1).await.unwrap();
+    tx.send("k", 2).await.unwrap();
+    let delivery = rx.try_recv().unwrap().remove(0); // full: due at once
+    tx.send("k", 3).await.unwrap();
+    tx.send("k", 4).await.unwrap(); // full again, with a delivery in flight
+    assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Empty);
+    let failed_at = Instant::now();
+    delivery.retry_after(secs(5)).await.unwrap();
+    advance(secs(4)).await;
+    assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Empty);
+    let batch = rx.recv().await.unwrap();
+    assert_eq!(Instant::now(), failed_at + secs(5));
+    // Rule 2: the retry joins the values sent meanwhile; `max_values_per_key` is no cap.
+    assert_eq!(contents(&batch), vec![("k", vec![1, 2, 3, 4])]);
+    ack_all(batch).await;
+}
+
 /// `drain_now` takes every key that is pending, due or not, but a key held by
 /// `retry_after` waits out its delay there too, as the docs say; `len` counts its values.
 #[tokio::test(start_paused = true)]
