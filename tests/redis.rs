@@ -1001,6 +1001,94 @@ mod redis_only {
             (0..KEYS).map(|k| (k, (0..=VALUES).collect())).collect();
         assert_eq!(got, want);
     }
+
+    /// A window is recorded in whole microseconds, rounded up: a window a nanosecond short
+    /// of the queue's opens it, one a microsecond longer is refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn windows_are_compared_to_the_microsecond() {
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let open = |window| redis::Builder::new(server.url(), "micros", window);
+        let _tx = open(ms(10)).sender::<Key, Value>().await.unwrap();
+        let short = ms(10) - Duration::from_nanos(1);
+        open(short).sender::<Key, Value>().await.unwrap();
+        let long = ms(10) + Duration::from_micros(1);
+        assert_mismatch(open(long).sender::<Key, Value>().await, "micros", "window");
+    }
+
+    /// A close makes every held key due at once; a pull moves 1,000 of them back into line,
+    /// and the next pull, made at once, the rest.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_close_releases_held_keys_a_thousand_a_pull() {
+        const KEYS: Key = 1_050;
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let queue = redis::Builder::new(server.url(), "held", ms(5)).max_batch(5_000);
+        let tx = queue.sender::<Key, Value>().await.unwrap();
+        let mut rx = queue.receiver::<Key, Value>().await.unwrap();
+        for k in 0..KEYS {
+            tx.send(k, k).await.unwrap();
+        }
+        let mut held = 0;
+        while held < KEYS {
+            let batch = timeout(PATIENCE, rx.recv()).await.unwrap().unwrap();
+            for delivery in batch.unwrap() {
+                delivery
+                    .retry_after(Duration::from_secs(3600))
+                    .await
+                    .unwrap();
+                held += 1;
+            }
+        }
+        tx.close().await.unwrap();
+        let mut sizes = Vec::new();
+        while sizes.iter().sum::<usize>() < KEYS as usize {
+            let batch = timeout(PATIENCE, rx.recv()).await.unwrap().unwrap();
+            let batch = batch.unwrap();
+            sizes.push(batch.len());
+            ack_each(batch).await;
+        }
+        assert_eq!(sizes, [1_000, 50]);
+    }
+
+    /// Dead letters are fetched for the tasks that await them, no more: one task that
+    /// awaits one letter takes one out of Redis, and the rest stay there, where a crash of
+    /// this process cannot lose them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dead_letters_are_fetched_only_for_waiting_tasks() {
+        const KEYS: Key = 8;
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let queue = redis::Builder::new(server.url(), "deadfetch", ms(5)).max_attempts(1);
+        let tx = queue.sender::<Key, Value>().await.unwrap();
+        let mut rx = queue.receiver::<Key, Value>().await.unwrap();
+        for k in 0..KEYS {
+            tx.send(k, k).await.unwrap();
+        }
+        let mut retried = 0;
+        while retried < KEYS {
+            let batch = timeout(PATIENCE, rx.recv()).await.unwrap().unwrap();
+            for delivery in batch.unwrap() {
+                delivery.retry().await.unwrap(); // the last attempt: a dead letter
+                retried += 1;
+            }
+        }
+        // A letter is three entries in the list: its key, its header and its value.
+        let entries = |n: Key| format!(":{}\r\n", 3 * n);
+        assert_eq!(server.command(&["LLEN", "{deadfetch}:dead"]), entries(KEYS));
+        let mut dead = rx.dead_letters();
+        timeout(PATIENCE, dead.next()).await.unwrap().unwrap();
+        // Time for a fetcher that ran ahead of its waiters to show.
+        sleep(ms(300)).await;
+        assert_eq!(
+            server.command(&["LLEN", "{deadfetch}:dead"]),
+            entries(KEYS - 1),
+            "letters fetched with no task awaiting them"
+        );
+    }
 }
 
 /// Spawns a consumer that drives `rx` as a stream, acks every batch, and returns each key's

@@ -53,6 +53,12 @@
 //! that another receiver learns of it. One marker wakes one receiver; since a marker can be
 //! lost with a connection, a waiting receiver also looks once a second.
 //!
+//! A pull is one script too, and is kept short, since a script holds the server: it
+//! reclaims at most 100 leases that ran out, moves at most 1,000 keys whose retry delay is
+//! over (or, once the queue is closed, that a delay holds) back into line, and takes at
+//! most 10,000 keys. What it leaves is due at once: the receiver's timer is set to now, and
+//! its next pull goes on from there.
+//!
 //! A value is decoded as the receiver's `V` only if it takes all of its bytes, but postcard
 //! does not record types: a value of another type with a compatible encoding (a `u32` read
 //! as a `u64`) decodes without error.
@@ -88,7 +94,9 @@ const FLAVOUR: &str = "timed";
 ///
 /// Every sender and receiver of a queue must be built with the same window and number of
 /// shards; the first to open the queue records them, and the others are refused with
-/// [`Error::Mismatch`] if theirs differ. The other settings are each handle's own.
+/// [`Error::Mismatch`] if theirs differ. A window is recorded in whole microseconds,
+/// rounded up, so two windows within the same microsecond are the same. The other settings
+/// are each handle's own.
 ///
 /// # Examples
 ///
@@ -141,7 +149,7 @@ impl Builder {
 
     /// The most values in one batch, over all of its keys. A key whose values do not fit in
     /// what is left of the batch is split: the rest goes out once the part before it is
-    /// decided.
+    /// decided. A batch also holds at most 10,000 keys (see *In Redis* in the module docs).
     ///
     /// # Panics
     ///
@@ -167,9 +175,10 @@ impl Builder {
 
     /// How long a delivery is leased to its receiver. A receiver renews the leases of the
     /// deliveries it holds every third of this. A lease that runs out (its holder died or
-    /// stalled) is reclaimed by the next pull of its shard, by any receiver: the values go
-    /// out again with `attempt + 1`, or, on the last attempt by that receiver's
-    /// `max_attempts`, to the dead letters.
+    /// stalled) is reclaimed by the next pull of its shard, by any receiver, up to 100 leases
+    /// a pull (see *In Redis* in the module docs): the values go out again with
+    /// `attempt + 1`, or, on the last attempt by that receiver's `max_attempts`, to the dead
+    /// letters.
     ///
     /// # Panics
     ///

@@ -132,8 +132,8 @@ where
         }
     }
 
-    /// Waits for the next batch: the due keys, at most `max_batch` values in all, each key
-    /// as a [`Delivery`]. `Ok(None)` once the queue is closed and empty, nothing in flight.
+    /// Waits for the next batch: the due keys, at most `max_batch` values and 10,000 keys in
+    /// all, each key as a [`Delivery`]. `Ok(None)` once the queue is closed and empty, nothing in flight.
     ///
     /// # Errors
     ///
@@ -785,7 +785,10 @@ where
             for waker in dead.waiters.values() {
                 waker.wake_by_ref();
             }
-            if dead.ended || dead.waiters.is_empty() {
+            // Each waiter takes one letter: with a letter here for each, another fetch would
+            // only hold letters that no one awaits, and that a crash would lose. A waiter
+            // woken stays in `waiters` until it polls, so this counts it too.
+            if dead.ended || dead.waiters.len() <= dead.letters.len() {
                 dead.fetching = false;
                 return;
             }

@@ -189,8 +189,9 @@ impl<K: Serialize, V: Serialize> Sender<K, V> {
     }
 
     /// Closes the queue for good, for every sender and receiver of it: sends fail from now
-    /// on, every waiting key is due at once, and receivers' streams end once the queue is
-    /// empty and nothing is in flight.
+    /// on, every waiting key is due at once (keys that a retry delay holds come back into
+    /// line 1,000 a pull: see *In Redis* in the module docs), and receivers' streams end
+    /// once the queue is empty and nothing is in flight.
     ///
     /// # Errors
     ///
