@@ -138,9 +138,9 @@
 //! - `timed::Sender::flush(&key)` makes one key due at once; `flush_all()` every pending key.
 //! - `Receiver::drain_now()` takes everything pending at once, split by the caps: for
 //!   shutdown paths that cannot wait.
-//! - `stats()` on any handle returns a [`stats::Stats`] snapshot: what is pending, totals
-//!   sent and delivered, deliveries by why they came due, and how long the oldest pending
-//!   run of values has waited.
+//! - `stats()` on any sender or receiver of an in-memory or durable channel returns a
+//!   [`stats::Stats`] snapshot: what is pending, totals sent and delivered, deliveries by
+//!   why they came due, and how long the oldest pending run of values has waited.
 //! - Senders are [`Sink`]s too, so `stream.map(Ok).forward(tx)` works, and
 //!   `Sender::closed()` resolves once that sender can no longer send: every receiver is
 //!   gone, one called `close`, or the sender was closed as a `Sink`.
