@@ -741,6 +741,62 @@ async fn a_short_foreign_segment_is_a_header_error() {
     assert_eq!(rx.stats().log_truncated_bytes, 7);
 }
 
+/// A durable `send` of a new key holds its key slot while its record becomes durable:
+/// under `max_keys(1)`, other new keys wait (`send`) or are refused (`try_send`) until
+/// that key's delivery is acknowledged, and no more than one key is ever pending.
+#[tokio::test]
+async fn a_send_holds_its_key_slot_while_its_record_is_written() {
+    let dir = TempDir::new().unwrap();
+    let (tx, mut rx) = timed::Builder::new(HOUR)
+        .max_keys(1)
+        .durable(dir.path())
+        .fsync(FsyncPolicy::Always)
+        .open::<String, u32>()
+        .await
+        .unwrap();
+    let mut a = Box::pin(tx.send(k("a"), 1));
+    let mut b = Box::pin(tx.send(k("b"), 2));
+    // Polled once, "a" has its record appended and waits for the sync (the log thread's).
+    assert!(futures::poll!(&mut a).is_pending());
+    assert!(futures::poll!(&mut b).is_pending());
+    assert!(tx.try_send(k("c"), 3).unwrap_err().is_full());
+    tokio::time::timeout(Duration::from_secs(5), &mut a)
+        .await
+        .unwrap()
+        .unwrap();
+    // "b" waits for "a" to be decided, however long its own sync would take.
+    let early = tokio::time::timeout(Duration::from_millis(200), &mut b).await;
+    assert!(early.is_err(), "a second key went in: {early:?}");
+    assert_eq!(tx.stats().pending_keys, 1);
+    let delivery = rx.drain_now().remove(0).remove(0);
+    assert_eq!(delivery.key(), "a");
+    delivery.ack().await.unwrap(); // in flight, it kept its slot until now
+    tokio::time::timeout(Duration::from_secs(5), b)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(tx.stats().pending_keys, 1);
+}
+
+/// A durable `send` dropped while its record becomes durable gives its key slot back.
+#[tokio::test]
+async fn a_dropped_send_gives_its_key_slot_back() {
+    let dir = TempDir::new().unwrap();
+    let (tx, rx) = timed::Builder::new(HOUR)
+        .max_keys(1)
+        .durable(dir.path())
+        .fsync(FsyncPolicy::Always)
+        .open::<String, u32>()
+        .await
+        .unwrap();
+    let mut a = Box::pin(tx.send(k("a"), 1));
+    assert!(futures::poll!(&mut a).is_pending());
+    assert!(tx.try_send(k("b"), 2).unwrap_err().is_full());
+    drop(a);
+    tx.try_send(k("b"), 2).unwrap();
+    assert_eq!(rx.len(), 1);
+}
+
 /// A value that does not decode as the type the channel is opened with is an error naming
 /// where it is, not a value skipped.
 #[tokio::test]

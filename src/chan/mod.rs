@@ -125,6 +125,9 @@ struct State<F: Flavor, K, V> {
     held_values: usize,
     /// Their weight.
     held_weight: usize,
+    /// Key slots (`max_keys`) held by durable sends of new keys while their records become
+    /// durable, before their values go in (see [`Tx::send_durably`]).
+    held_keys: usize,
     /// An acknowledging channel's bookkeeping; `None` for a plain one.
     acked: Option<Box<Acked<F, K, V>>>,
     /// Keys and ranks to drop once the lock is released: those that values taken in from
@@ -232,6 +235,9 @@ pub(crate) struct Item<F: Flavor, K, V> {
     /// Its record, encoded before the lock is taken, in a durable channel.
     #[cfg(feature = "durable")]
     encoded: Option<crate::durable::Encoded>,
+    /// Whether it holds a key slot while its record becomes durable (`State::held_keys`).
+    #[cfg(feature = "durable")]
+    holds_key: bool,
 }
 
 impl<F: Flavor, K, V> Item<F, K, V> {
@@ -244,6 +250,8 @@ impl<F: Flavor, K, V> Item<F, K, V> {
             value,
             weight,
             seq: None,
+            #[cfg(feature = "durable")]
+            holds_key: false,
             #[cfg(feature = "durable")]
             encoded: None,
         }
@@ -602,7 +610,7 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
         }
         let key_line = &state.key_line.waiting;
         if let Some(front) = key_line.front() {
-            let slot = state.queue.slot_count() < self.config.max_keys;
+            let slot = state.queue.slot_count() + state.held_keys < self.config.max_keys;
             if slot && self.has_room(state, front.weight) {
                 wakes.push(front.waker.clone());
             }
@@ -755,17 +763,20 @@ where
         // Values of a key go in in the order they were sent: not past an earlier send of
         // the same key that waits for a key slot.
         let key_place = place.filter(|p| p.line == LineName::Key);
+        let mut new_key = false;
         if config.max_keys != usize::MAX {
             let pending = state.queue.contains_hashed(queued.hash, &queued.key);
             let turn = match pending {
                 true => !state.key_line.has_earlier(queued.hash, key_place),
                 false => {
-                    state.queue.slot_count() < config.max_keys && state.key_line.is_first(key_place)
+                    let slots = state.queue.slot_count() + state.held_keys;
+                    slots < config.max_keys && state.key_line.is_first(key_place)
                 }
             };
             if !turn {
                 return Err(Blocked::Wait(LineName::Key));
             }
+            new_key = !pending;
         }
         // The total weight must fit, with what is held outside the queue (in flight, in dead
         // letters, waiting for its record): the queue checks only its own, and a batch that
@@ -794,11 +805,18 @@ where
             if push == Push::Durably {
                 state.held_values += 1;
                 state.held_weight += queued.weight;
+                // A new key's slot is taken now, or other new keys would go in beside it
+                // while its record is written, past `max_keys`. A second send of the key
+                // meanwhile takes one too, since the key is not pending yet: it waits.
+                if new_key {
+                    state.held_keys += 1;
+                    queued.holds_key = true;
+                }
                 self.moved_on(guard, place);
                 return Ok(Pushed::Held(record));
             }
         }
-        let _ = push;
+        let _ = (push, new_key); // read only by a durable channel
         self.insert_item(guard, item.take().expect("an item to send"));
         self.moved_on(guard, place);
         Ok(Pushed::In)
@@ -1243,6 +1261,7 @@ where
             next_id: 0,
             held_values: 0,
             held_weight: 0,
+            held_keys: 0,
             acked: parts
                 .acked
                 .then(|| Box::new(Acked::new(config.max_attempts))),
@@ -1372,6 +1391,8 @@ where
         let mut guard = chan.lock();
         guard.held_values -= 1;
         guard.held_weight -= item.weight;
+        let held_key = item.holds_key;
+        guard.held_keys -= usize::from(held_key);
         if durable.is_err() {
             // `Sender::log_error` says why. The record may have reached the disk even so
             // (a failed sync says nothing about what was written): the value may come back
@@ -1382,6 +1403,10 @@ where
             return Err(SendError(item.into_parts()));
         }
         chan.insert_item(&mut guard, item);
+        if held_key {
+            // Its key may have been pending already, so a slot may have come free.
+            chan.serve(&mut guard);
+        }
         Ok(())
     }
 
@@ -1620,6 +1645,7 @@ impl<F: Flavor, K, V> Drop for HeldRoom<'_, F, K, V> {
         let mut guard = self.chan.lock();
         guard.held_values -= 1;
         guard.held_weight -= item.weight;
+        guard.held_keys -= usize::from(item.holds_key);
         if let (Some(log), Some(seq)) = (&self.chan.log, item.seq) {
             // Not sent: it must not come back after a restart either.
             let _ = log.journal.done(&[seq]);
