@@ -311,8 +311,9 @@ impl<R, K, V> SortedQueue<R, K, V> {
     /// Both fall back after the keys drain: each time a batch is taken (or a pop finds
     /// nothing), the queue shrinks its table, and each of its index's two parts (a FIFO and
     /// a heap), that is under an eighth full and has room for more than 4,096 entries, to
-    /// twice what it holds, so a burst of distinct keys does not pin memory for good. An
-    /// empty queue may so keep room for about 4,096 keys and 8,192 index entries.
+    /// about twice what it holds (the table rounds up to its own sizes), so a burst of
+    /// distinct keys does not pin memory for good. An empty queue may so keep room for
+    /// about 4,096 keys and 8,192 index entries.
     ///
     /// # Examples
     ///
@@ -681,8 +682,8 @@ where
     ///
     /// A key is due when `is_due(rank)` is true; taking stops at the first key that is not.
     /// A key with more values than the room left is split: the batch takes its oldest values,
-    /// and the rest keep the key's rank and place, ahead of keys of equal rank. The result is
-    /// empty when nothing is due or `max_values` is 0.
+    /// and the rest keep the key's rank and place: ahead of keys of equal rank whose runs
+    /// started later. The result is empty when nothing is due or `max_values` is 0.
     ///
     /// # Examples
     ///
