@@ -139,6 +139,11 @@ pub use crate::error::OpenError;
 
 /// When the log syncs its writes to disk, which sets what a `send` survives (see the table
 /// in the [module docs](self#what-survives-what)).
+///
+/// Under every policy, `Never` included, the log also syncs when it copies the records of
+/// values still pending forward out of its oldest segment, before that segment is deleted,
+/// so that no value is left only in a file that is gone; a failed sync there fails the log
+/// as any other does (see *Failures* in the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FsyncPolicy {
     /// Every `send` waits for an `fdatasync` of its record. Sends that wait together share
