@@ -56,7 +56,8 @@ use crate::error::{DeliveryError, TryRecvError};
 /// consumer task that panics or is cancelled halfway loses nothing, and the values come
 /// back with the next attempt (or, past `max_attempts`, go to the dead letters; in memory,
 /// once every receiver is gone, they are dropped:
-/// [rule 5](crate::timed::AckReceiver#rules)).
+/// [rule 5](crate::timed::AckReceiver#rules)). In Redis the retry, as any decision, is
+/// sent by a task on the runtime (see [`Decided`]).
 ///
 /// # Examples
 ///
@@ -446,7 +447,10 @@ impl<K: fmt::Debug, V: fmt::Debug> fmt::Debug for Delivery<K, V> {
 ///
 /// The decision is made when the method is called, not when the future is polled:
 /// dropping the future does not undo it. For `give_up`, the values come back only through
-/// the future: dropping it drops them. An in-memory channel resolves it at once.
+/// the future: dropping it drops them. An in-memory channel resolves it at once. In Redis
+/// the decision is sent by a task on the tokio runtime: should the runtime stop before
+/// that task runs (a `main` that returns at once), the decision never reaches the server,
+/// and the values go out again once their lease runs out, as for a process that dies.
 #[must_use = "the decision is made; await the future to learn whether it took effect"]
 pub struct Decided<T> {
     state: DecidedState<T>,

@@ -156,8 +156,9 @@ where
     /// it. While a task awaits the stream they are fetched from Redis, one a shard at a
     /// time: at once when a decision of this receiver makes one, and once a second
     /// otherwise. A letter fetched and not handed out goes back to Redis when the last
-    /// handle of this receiver (clones, streams and deliveries) is dropped; one fetched into
-    /// a process that dies first is lost. The stream ends once the queue is closed and
+    /// handle of this receiver (clones, streams and deliveries) is dropped, by a task on the
+    /// tokio runtime; one fetched into a process that dies first, or whose runtime stops
+    /// before that task runs, is lost. The stream ends once the queue is closed and
     /// empty and no dead letter is left.
     pub fn dead_letters(&self) -> DeadLetters<K, V> {
         DeadLetters::new(Arc::clone(&self.shared.link) as Arc<dyn Link<K, V>>)
