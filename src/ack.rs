@@ -206,8 +206,9 @@ impl<K, V> Delivery<K, V> {
     }
 
     /// When the oldest of these values entered the channel. It is exact unless a batch cap
-    /// split the key: the rest of a split key reports when the part that went before it
-    /// entered, which is earlier.
+    /// split the key: the rest of a split key may report when the part that went before it
+    /// entered, which is earlier (it reports its own time when it holds only values that
+    /// came while a retried part was out).
     ///
     /// # Examples
     ///

@@ -258,7 +258,11 @@
 //! finds the lock held, or values in the inbox, only while another thread holds the lock or
 //! has left values there, or once user code that runs under the lock (an `Eq`, say) has
 //! sent on the same channel: handles used on one thread, by code that does not, never see
-//! the inbox.
+//! the inbox. A value's window counts from when it was sent, but it goes in when it is
+//! taken in, and a run it starts takes its place among runs then: among keys of equal rank
+//! it can come behind a run that another thread started a moment after it was sent, and
+//! [`Stats::oldest_pending`](stats::Stats::oldest_pending) can look past it, to that later
+//! run, when that run comes first.
 //!
 //! User code that runs under the lock is exactly this: `Eq` of keys (when a value goes in,
 //! or a key is flushed), `Clone` of a key that a batch splits (in an acknowledging channel,
