@@ -133,7 +133,8 @@ where
     }
 
     /// Waits for the next batch: the due keys, at most `max_batch` values and 10,000 keys in
-    /// all, each key as a [`Delivery`]. `Ok(None)` once the queue is closed and empty, nothing in flight.
+    /// all, each key as a [`Delivery`]. `Ok(None)` once the queue is closed and empty,
+    /// nothing in flight.
     ///
     /// # Errors
     ///
