@@ -280,7 +280,10 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
     ///
     /// In a durable channel (the `durable` feature), `send` resolves once the value's
     /// record is durable under the channel's `FsyncPolicy`, and the value goes in then. If
-    /// the log has failed, the value comes back in the error, and `log_error` says why.
+    /// the log has failed, the value comes back in the error, and `log_error` says why. If
+    /// the channel closes (or its last receiver goes) while the record is made durable, the
+    /// value comes back in the error too, and the record is marked done, so that it does not
+    /// come back after a restart (but for a crash before that mark is written).
     ///
     /// # Errors
     ///

@@ -797,6 +797,40 @@ async fn a_dropped_send_gives_its_key_slot_back() {
     assert_eq!(rx.len(), 1);
 }
 
+/// A channel that closes while a `send`'s record is made durable fails that send and hands
+/// its value back, as any send to a closed channel: the value does not go in after the
+/// stream has ended, nor come back at the next open.
+#[tokio::test]
+async fn a_close_while_a_record_is_made_durable_fails_the_send() {
+    for how in ["close", "drop the receiver"] {
+        let dir = TempDir::new().unwrap();
+        let (tx, mut rx) = hourly(dir.path())
+            .fsync(FsyncPolicy::Always)
+            .open::<String, u32>()
+            .await
+            .unwrap();
+        let mut send = Box::pin(tx.send(k("a"), 1));
+        // Polled once, its record is appended and it waits for the sync.
+        assert!(futures::poll!(&mut send).is_pending());
+        match how {
+            "close" => {
+                rx.close();
+                assert!(rx.recv().await.is_none(), "nothing was pending");
+                drop(rx); // the directory stays locked while it lives
+            }
+            _ => drop(rx),
+        }
+        let sent = tokio::time::timeout(Duration::from_secs(5), send)
+            .await
+            .unwrap();
+        assert_eq!(sent.unwrap_err().into_inner(), (k("a"), 1), "{how}");
+        assert_eq!(tx.stats().pending_values, 0, "{how}");
+        drop(tx);
+        let (_tx, rx) = open(dir.path()).await;
+        assert_eq!(rx.len(), 0, "{how}: the value came back after a reopen");
+    }
+}
+
 /// A value that does not decode as the type the channel is opened with is an error naming
 /// where it is, not a value skipped.
 #[tokio::test]

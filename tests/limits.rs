@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::SinkExt;
 use keyed_batch::error::{SendError, TryRecvError, TrySendError};
 use keyed_batch::{ordered, timed};
 use tokio::time::{advance, Instant};
@@ -661,9 +662,10 @@ fn key_line_send_for_a_pending_key_is_woken_when_room_returns() {
     let mut second = task::spawn(tx.send(0, "c", 2));
     assert_pending!(first.poll());
     assert_pending!(second.poll());
-    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1])]));
+    // A pending key goes in past sends that wait for a key slot: the last place.
+    tx.try_send(0, "b", 2).unwrap();
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1])])); // a slot, and room for one
     assert_ready_ok!(first.poll());
-    tx.try_send(0, "b", 2).unwrap(); // the last place
     assert_pending!(second.poll()); // no room: it waits, first in the key line
     assert_eq!(rx.try_recv(), Ok(vec![("b", vec![1])])); // room is back; two keys still
     assert!(
@@ -674,7 +676,8 @@ fn key_line_send_for_a_pending_key_is_woken_when_room_returns() {
 }
 
 /// The same after a burst: the second send of a key waits behind a send of another new key;
-/// once that one takes the freed slot, the second send (its key pending, room free) goes.
+/// once the first send of its key takes the freed slot, the second (its key pending, room
+/// free) goes, while the other new key still waits for a slot.
 #[test]
 fn burst_for_a_pending_key_goes_in_after_another_key_takes_the_slot() {
     let (tx, mut rx) = ordered::Builder::new()
@@ -693,14 +696,53 @@ fn burst_for_a_pending_key_goes_in_after_another_key_takes_the_slot() {
     tx.try_send(0, "a", 2).unwrap();
     assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1, 2])]));
     assert_ready_ok!(c1.poll());
-    tx.try_send(5, "b", 2).unwrap();
-    assert_pending!(c2.poll());
-    assert_eq!(rx.try_recv(), Ok(vec![("b", vec![1, 2])]));
-    assert_ready_ok!(d1.poll());
     assert!(c2.is_woken(), "c is pending and there is room");
+    assert_pending!(d1.poll()); // no slot for d
     assert_ready_ok!(c2.poll());
-    assert_eq!(rx.try_recv(), Ok(vec![("c", vec![1, 2])]));
-    assert_eq!(rx.try_recv(), Ok(vec![("d", vec![1])]));
+    assert_eq!(rx.try_recv(), Ok(vec![("b", vec![1]), ("c", vec![1])]));
+    assert!(d1.is_woken(), "b left: a slot, and room");
+    assert_ready_ok!(d1.poll());
+    assert_eq!(rx.try_recv(), Ok(vec![("c", vec![2]), ("d", vec![1])]));
+}
+
+/// Once a key slot is free, the first send of the key line waits for room alone, and goes
+/// in first come, first served: a later value for a pending key, from `try_send`, `send` or
+/// the `Sink`, does not take the room it waits for (as it may while the send waits for a
+/// slot).
+#[tokio::test(start_paused = true)]
+async fn a_key_line_send_with_a_slot_is_not_passed() {
+    for how in ["try_send", "send", "sink"] {
+        let (tx, mut rx) = timed::Builder::new(secs(10))
+            .capacity(3)
+            .max_keys(2)
+            .max_batch(1)
+            .build();
+        tx.try_send("a", 1).unwrap();
+        tx.try_send("c", 1).unwrap();
+        let mut b = task::spawn(tx.send("b", 1));
+        assert_pending!(b.poll()); // no key slot
+        tx.try_send("a", 2).unwrap(); // a pending key passes it: the last place
+        tx.flush(&"c");
+        assert_eq!(rx.try_recv(), Ok(vec![("c", vec![1])])); // a slot, and room for one
+        assert!(b.is_woken());
+        let passed = match how {
+            "try_send" => tx.try_send("a", 3).is_ok(),
+            "send" => task::spawn(tx.send("a", 3)).poll().is_ready(),
+            _ => {
+                let mut sink = tx.clone();
+                let passed = task::spawn(SinkExt::send(&mut sink, ("a", 3)))
+                    .poll()
+                    .is_ready();
+                passed
+            }
+        };
+        assert!(
+            !passed,
+            "{how} went in past a send that waits for room alone"
+        );
+        assert_ready_ok!(b.poll());
+        assert_eq!(rx.len(), 3);
+    }
 }
 
 /// `max_keys` keeps per-key order when the key becomes pending through `requeue`: the

@@ -1609,8 +1609,9 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
     ///
     /// - Room: fewer than `capacity` values are pending or outside (in flight, dead
     ///   letters); none is, or the value keeps their weight at or under `max_weight`; and
-    ///   no earlier send waits for room. A send already in the key line had its turn for
-    ///   room, and waits there.
+    ///   no earlier send waits for room, in the room line or in the key line (where a send
+    ///   waits for room alone once a key slot is free for it, or its key has one). A send
+    ///   already in the key line had its turn for room, and waits there.
     /// - Then, with `max_keys` set, a key slot: for a key that has one (pending or held),
     ///   no earlier send of the same key waits in the key line (values of a key go in in
     ///   the order they were sent); for a new key, fewer than `max_keys` keys have slots
@@ -1633,7 +1634,15 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
         if in_key_line && !room {
             return Err(Line::Key);
         }
-        if !in_key_line && (!room || !my_turn(Line::Room)) {
+        // A send in the key line that waits for room alone (the first of it, once a key
+        // slot is free, or a send of a key that has a slot) came before every send now in
+        // the room line, and before new ones: they wait for room behind it.
+        let key_line: Vec<_> = self.sends.iter().filter(|s| s.line == Line::Key).collect();
+        let key_line_waits = limits.max_keys() != usize::MAX
+            && !key_line.is_empty()
+            && (model.slot_count() < limits.max_keys()
+                || key_line.iter().any(|s| model.has_slot(s.key)));
+        if !in_key_line && (!room || !my_turn(Line::Room) || key_line_waits) {
             return Err(Line::Room);
         }
         if limits.max_keys() == usize::MAX {

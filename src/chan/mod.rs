@@ -590,21 +590,42 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
         len < self.config.capacity && fits
     }
 
+    /// Whether a send in the key line waits for room alone: the first of the line once a key
+    /// slot is free, or the first send of a key that is pending, which needs no slot. Such a
+    /// send had its turn for room before any send now in the room line came (a send joins the
+    /// key line only from the front of the room line, or while it is empty), so those, and
+    /// new sends, go in after it, as in one line.
+    fn key_line_waits_for_room(&self, state: &State<F, K, V>) -> bool {
+        let line = &state.key_line.waiting;
+        if line.is_empty() {
+            return false;
+        }
+        if state.queue.slot_count() + state.held_keys < self.config.max_keys {
+            return true;
+        }
+        // No slot is free: only sends of pending keys may go in. A hash shared with a pending
+        // key counts too, which at worst holds others back while that send waits.
+        line.iter()
+            .any(|waiting| state.queue.has_hash(waiting.hash))
+    }
+
     /// Wakes every send that may go in now:
     ///
-    /// - the first of the room line, if there is room for it;
+    /// - the first of the room line, if there is room for it and no send in the key line
+    ///   waits for room alone (see [`key_line_waits_for_room`](Self::key_line_waits_for_room));
     /// - the first of the key line, if there is room and a key slot;
     /// - in the key line, the first send of each key that is pending, if there is room: it
     ///   needs no key slot (a key's values go in in order, so only its first send may);
-    /// - the sinks, if no send waits for room and there is room.
+    /// - the sinks, if no send waits for room (in either line) and there is room.
     ///
     /// Call it after anything that can change who may go in: room coming back, a key
     /// becoming pending, the first of a line moving on.
     fn serve(&self, guard: &mut Guard<'_, F, K, V>) {
         let state = guard.state.as_ref().expect("the guard holds the lock");
         let wakes = &mut guard.wakes;
+        let key_line_first = self.key_line_waits_for_room(state);
         if let Some(front) = state.room_line.waiting.front() {
-            if self.has_room(state, front.weight) {
+            if !key_line_first && self.has_room(state, front.weight) {
                 wakes.push(front.waker.clone());
             }
         }
@@ -627,8 +648,8 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
                 }
             }
         }
-        if !state.sinks.is_empty() && state.room_line.waiting.is_empty() && self.has_room(state, 0)
-        {
+        let no_one_waits = state.room_line.waiting.is_empty() && !key_line_first;
+        if !state.sinks.is_empty() && no_one_waits && self.has_room(state, 0) {
             state.sinks.wake_all(wakes);
         }
     }
@@ -753,7 +774,10 @@ where
         // forth for ever.
         let in_key_line = place.is_some_and(|p| p.line == LineName::Key);
         let room = self.has_room(state, queued.weight);
-        if !room || (!in_key_line && !state.room_line.is_first(*place)) {
+        let behind = !in_key_line
+            && (!state.room_line.is_first(*place)
+                || (config.max_keys != usize::MAX && self.key_line_waits_for_room(state)));
+        if !room || behind {
             let line = match in_key_line {
                 true => LineName::Key,
                 false => LineName::Room,
@@ -1398,6 +1422,17 @@ where
             // (a failed sync says nothing about what was written): the value may come back
             // after a restart, which at-least-once allows.
             chan.close(&mut guard);
+            chan.serve(&mut guard);
+            drop(guard);
+            return Err(SendError(item.into_parts()));
+        }
+        if guard.closed_at.is_some() {
+            // The channel closed while the record was written: the send fails, as a send to
+            // a closed channel does, and hands the value back. Its record is marked done, so
+            // that it does not come back after a restart either, since the caller has it.
+            if let Some(seq) = item.seq {
+                let _ = log.journal.done(&[seq]);
+            }
             chan.serve(&mut guard);
             drop(guard);
             return Err(SendError(item.into_parts()));
