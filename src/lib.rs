@@ -122,16 +122,19 @@
 //! | `max_keys(n)` | both | pending keys | a value for a new key waits (`send`) or is refused (`try_send`); values for pending keys still go in, after any earlier send of the same key |
 //!
 //! Waiting sends go in first come, first served, and `try_send` returns
-//! [`TrySendError::Full`](error::TrySendError::Full) while earlier sends wait for room (with
-//! `max_keys`, a value for a pending key goes in past sends that wait for a key slot, unless
-//! one of them is of the same key). The values of one key go in in the order they were
-//! sent, so a value for a pending key waits behind an earlier send of that key that waits
-//! for a key slot. Room returns as soon as a batch is taken (in an acknowledging channel,
-//! when a delivery is decided). Values handed back with `requeue` always go in, past any of
-//! these limits. A value held by a sender's `Sink` impl holds no place in line: it goes in
-//! at the sink's next `poll_ready`, `poll_flush` or `poll_close` once there is room and no
-//! `send` waits for room (a value for a pending key goes in past sends that wait for a key
-//! slot, as above), so a sink that is no longer polled holds up no one.
+//! [`TrySendError::Full`](error::TrySendError::Full) while earlier sends wait for room
+//! (with `max_keys`, a value for a pending key goes in past sends that wait for a key slot,
+//! unless one of them is of the same key). A send that waited for a key slot waits for room
+//! alone once it has one (the first of them takes a slot that comes free, and one whose key
+//! has become pending needs none), and from then on nothing sent after it goes past it. The
+//! values of one key go in in the order they were sent, so a value for a pending key waits
+//! behind an earlier send of that key that waits for a key slot. Room returns as soon as a
+//! batch is taken (in an acknowledging channel, when a delivery is decided). Values handed
+//! back with `requeue` always go in, past any of these limits. A value held by a sender's
+//! `Sink` impl holds no place in line: it goes in at the sink's next `poll_ready`,
+//! `poll_flush` or `poll_close` once there is room and no `send` waits for room (a value
+//! for a pending key goes in past sends that wait for a key slot, as above), so a sink that
+//! is no longer polled holds up no one.
 //!
 //! # Flushing, draining and watching
 //!
