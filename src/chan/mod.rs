@@ -1411,28 +1411,21 @@ where
             item: Some(item),
         };
         let durable = log.journal.durable(record).await;
-        let item = held.item.take().expect("held");
         let mut guard = chan.lock();
-        guard.held_values -= 1;
-        guard.held_weight -= item.weight;
+        if durable.is_ok() && guard.closed_at.is_some() {
+            // The channel closed while the record was written: the send fails, as a send to
+            // a closed channel does, and hands the value back, unsent, as a dropped send is.
+            let item = held.unsend(&mut guard);
+            drop(guard);
+            return Err(SendError(item.into_parts()));
+        }
+        let item = held.release(&mut guard);
         let held_key = item.holds_key;
-        guard.held_keys -= usize::from(held_key);
         if durable.is_err() {
             // `Sender::log_error` says why. The record may have reached the disk even so
             // (a failed sync says nothing about what was written): the value may come back
             // after a restart, which at-least-once allows.
             chan.close(&mut guard);
-            chan.serve(&mut guard);
-            drop(guard);
-            return Err(SendError(item.into_parts()));
-        }
-        if guard.closed_at.is_some() {
-            // The channel closed while the record was written: the send fails, as a send to
-            // a closed channel does, and hands the value back. Its record is marked done, so
-            // that it does not come back after a restart either, since the caller has it.
-            if let Some(seq) = item.seq {
-                let _ = log.journal.done(&[seq]);
-            }
             chan.serve(&mut guard);
             drop(guard);
             return Err(SendError(item.into_parts()));
@@ -1674,18 +1667,37 @@ struct HeldRoom<'a, F: Flavor, K, V> {
 }
 
 #[cfg(feature = "durable")]
-impl<F: Flavor, K, V> Drop for HeldRoom<'_, F, K, V> {
-    fn drop(&mut self) {
-        let Some(item) = self.item.take() else { return };
-        let mut guard = self.chan.lock();
+impl<F: Flavor, K, V> HeldRoom<'_, F, K, V> {
+    /// Takes the value back, and lets go of the room and key slot it held.
+    fn release(&mut self, guard: &mut Guard<'_, F, K, V>) -> Item<F, K, V> {
+        let item = self.item.take().expect("the value is held");
         guard.held_values -= 1;
         guard.held_weight -= item.weight;
         guard.held_keys -= usize::from(item.holds_key);
+        item
+    }
+
+    /// Takes the value back unsent: as [`release`](Self::release), and its record is marked
+    /// done, so that it does not come back after a restart either; whoever its room held
+    /// back may go in.
+    fn unsend(&mut self, guard: &mut Guard<'_, F, K, V>) -> Item<F, K, V> {
+        let item = self.release(guard);
         if let (Some(log), Some(seq)) = (&self.chan.log, item.seq) {
-            // Not sent: it must not come back after a restart either.
             let _ = log.journal.done(&[seq]);
         }
-        self.chan.serve(&mut guard);
+        self.chan.serve(guard);
+        item
+    }
+}
+
+#[cfg(feature = "durable")]
+impl<F: Flavor, K, V> Drop for HeldRoom<'_, F, K, V> {
+    fn drop(&mut self) {
+        if self.item.is_none() {
+            return;
+        }
+        let mut guard = self.chan.lock();
+        let item = self.unsend(&mut guard);
         drop(guard);
         drop(item);
     }
