@@ -35,6 +35,20 @@ async fn open(dir: &Path) -> (Tx, Rx) {
     hourly(dir).open().await.expect("the log opens")
 }
 
+/// [`hourly`] with segments of 256 bytes: a few values fill several.
+fn small_segments(dir: &Path) -> keyed_batch::durable::DurableBuilder<keyed_batch::builder::Timed> {
+    hourly(dir).segment_size(256)
+}
+
+/// Writes `n` values of key "a" to a log of [`small_segments`], and closes it.
+async fn fill_small_segments(dir: &Path, n: u32) {
+    let (tx, rx) = small_segments(dir).open::<String, u32>().await.unwrap();
+    for v in 0..n {
+        tx.send(k("a"), v).await.unwrap();
+    }
+    drop((tx, rx));
+}
+
 /// Every delivery pending now, deadlines ignored, as `(key, values, attempt)`, in the order
 /// they came out; the deliveries are kept undecided in `held`.
 fn take_all(rx: &mut Rx, held: &mut Vec<Delivery<String, u32>>) -> Vec<(String, Vec<u32>, u32)> {
@@ -586,17 +600,15 @@ async fn corruption_is_an_error_unless_salvaged() {
 #[tokio::test]
 async fn bad_end_of_an_older_segment_is_corruption() {
     let dir = TempDir::new().unwrap();
-    let builder = || hourly(dir.path()).segment_size(256);
-    let (tx, rx) = builder().open::<String, u32>().await.unwrap();
-    for v in 0..20 {
-        tx.send(k("a"), v).await.unwrap();
-    }
-    drop((tx, rx));
+    fill_small_segments(dir.path(), 20).await;
     let oldest = segments(dir.path()).remove(0);
     let bytes = fs::read(&oldest).unwrap();
     let last = *record_offsets(&bytes).last().unwrap();
     fs::write(&oldest, &bytes[..last + 3]).unwrap();
-    let err = builder().open::<String, u32>().await.unwrap_err();
+    let err = small_segments(dir.path())
+        .open::<String, u32>()
+        .await
+        .unwrap_err();
     assert!(
         matches!(&err, OpenError::Corrupt { segment, offset } if *segment == oldest && *offset == last as u64),
         "{err:?}"
@@ -682,12 +694,7 @@ async fn salvage_leaves_a_foreign_header_alone() {
 #[tokio::test]
 async fn salvage_cuts_nothing_while_a_later_header_is_foreign() {
     let dir = TempDir::new().unwrap();
-    let builder = || hourly(dir.path()).segment_size(256);
-    let (tx, rx) = builder().open::<String, u32>().await.unwrap();
-    for v in 0..40 {
-        tx.send(k("a"), v).await.unwrap();
-    }
-    drop((tx, rx));
+    fill_small_segments(dir.path(), 40).await;
     let segments = segments(dir.path());
     assert!(segments.len() >= 3, "{segments:?}");
     let mut oldest = fs::read(&segments[0]).unwrap();
@@ -698,7 +705,10 @@ async fn salvage_cuts_nothing_while_a_later_header_is_foreign() {
     let mut foreign = fs::read(newest).unwrap();
     foreign[8] = 99; // the format version
     fs::write(newest, &foreign).unwrap();
-    let opened = builder().salvage().open::<String, u32>().await;
+    let opened = small_segments(dir.path())
+        .salvage()
+        .open::<String, u32>()
+        .await;
     assert!(
         matches!(opened, Err(OpenError::Header { .. })),
         "{opened:?}"

@@ -1027,26 +1027,20 @@ mod redis_only {
         };
         let queue = redis::Builder::new(server.url(), "held", ms(5)).max_batch(5_000);
         let tx = queue.sender::<Key, Value>().await.unwrap();
-        let mut rx = queue.receiver::<Key, Value>().await.unwrap();
+        let mut rx = Rx::Redis(queue.receiver().await.unwrap());
         for k in 0..KEYS {
             tx.send(k, k).await.unwrap();
         }
-        let mut held = 0;
-        while held < KEYS {
-            let batch = timeout(PATIENCE, rx.recv()).await.unwrap().unwrap();
-            for delivery in batch.unwrap() {
-                delivery
-                    .retry_after(Duration::from_secs(3600))
-                    .await
-                    .unwrap();
-                held += 1;
-            }
+        for (_, delivery) in deliveries(&mut rx, KEYS as usize).await {
+            delivery
+                .retry_after(Duration::from_secs(3600))
+                .await
+                .unwrap();
         }
         tx.close().await.unwrap();
         let mut sizes = Vec::new();
         while sizes.iter().sum::<usize>() < KEYS as usize {
-            let batch = timeout(PATIENCE, rx.recv()).await.unwrap().unwrap();
-            let batch = batch.unwrap();
+            let batch = next_batch(&mut rx).await;
             sizes.push(batch.len());
             ack_each(batch).await;
         }
@@ -1064,17 +1058,12 @@ mod redis_only {
         };
         let queue = redis::Builder::new(server.url(), "deadfetch", ms(5)).max_attempts(1);
         let tx = queue.sender::<Key, Value>().await.unwrap();
-        let mut rx = queue.receiver::<Key, Value>().await.unwrap();
+        let mut rx = Rx::Redis(queue.receiver().await.unwrap());
         for k in 0..KEYS {
             tx.send(k, k).await.unwrap();
         }
-        let mut retried = 0;
-        while retried < KEYS {
-            let batch = timeout(PATIENCE, rx.recv()).await.unwrap().unwrap();
-            for delivery in batch.unwrap() {
-                delivery.retry().await.unwrap(); // the last attempt: a dead letter
-                retried += 1;
-            }
+        for (_, delivery) in deliveries(&mut rx, KEYS as usize).await {
+            delivery.retry().await.unwrap(); // the last attempt: a dead letter
         }
         // A letter is three entries in the list: its key, its header and its value.
         let entries = |n: Key| format!(":{}\r\n", 3 * n);
