@@ -745,6 +745,32 @@ async fn a_key_line_send_with_a_slot_is_not_passed() {
     }
 }
 
+/// The same, with the waiting send in a task of its own, as a user would run it: once it
+/// has a key slot, a later `try_send` of a pending key is refused while it waits, and the
+/// task's send goes in when it runs.
+#[tokio::test(start_paused = true)]
+async fn a_key_line_send_with_a_slot_goes_first_from_a_task() {
+    let (tx, mut rx) = timed::Builder::new(secs(10))
+        .capacity(3)
+        .max_keys(2)
+        .max_batch(1)
+        .build();
+    tx.try_send("a", 1).unwrap();
+    tx.try_send("c", 1).unwrap();
+    let b = tokio::spawn({
+        let tx = tx.clone();
+        async move { tx.send("b", 1).await }
+    });
+    tokio::task::yield_now().await;
+    assert!(!b.is_finished(), "no key slot yet");
+    tx.try_send("a", 2).unwrap(); // a pending key passes a send waiting for a slot
+    tx.flush(&"c");
+    assert_eq!(rx.recv().await, Some(vec![("c", vec![1])]));
+    assert!(tx.try_send("a", 3).unwrap_err().is_full());
+    b.await.unwrap().unwrap();
+    assert_eq!(rx.len(), 3);
+}
+
 /// `max_keys` keeps per-key order when the key becomes pending through `requeue`: the
 /// waiting send of that key is woken and goes in, behind the requeued values.
 #[tokio::test(start_paused = true)]
