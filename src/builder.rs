@@ -197,7 +197,9 @@ impl<F, W> Builder<F, W> {
     /// delivery is decided, and values for it go in (rule 3 of the acknowledging receivers).
     /// In a durable channel, a `send` for a key that is not pending takes a key slot when its
     /// record is written, and holds it while the record becomes durable, before its value
-    /// goes in; a second `send` of that key meanwhile needs a slot of its own.
+    /// goes in; a second `send` of that key meanwhile needs a slot of its own. A `send` for
+    /// a pending key keeps that key's slot taken until its value goes in, even if the key is
+    /// delivered and decided meanwhile.
     ///
     /// # Panics
     ///

@@ -40,6 +40,13 @@ fn small_segments(dir: &Path) -> keyed_batch::durable::DurableBuilder<keyed_batc
     hourly(dir).segment_size(256)
 }
 
+/// A channel of `max_keys(1)` whose sends wait for a sync, so that a `send` polled once has
+/// its record written and waits for the log's thread.
+async fn one_key_synced(dir: &Path) -> (Tx, Rx) {
+    let builder = timed::Builder::new(HOUR).max_keys(1).durable(dir);
+    builder.fsync(FsyncPolicy::Always).open().await.unwrap()
+}
+
 /// Writes `n` values of key "a" to a log of [`small_segments`], and closes it.
 async fn fill_small_segments(dir: &Path, n: u32) {
     let (tx, rx) = small_segments(dir).open::<String, u32>().await.unwrap();
@@ -757,13 +764,7 @@ async fn a_short_foreign_segment_is_a_header_error() {
 #[tokio::test]
 async fn a_send_holds_its_key_slot_while_its_record_is_written() {
     let dir = TempDir::new().unwrap();
-    let (tx, mut rx) = timed::Builder::new(HOUR)
-        .max_keys(1)
-        .durable(dir.path())
-        .fsync(FsyncPolicy::Always)
-        .open::<String, u32>()
-        .await
-        .unwrap();
+    let (tx, mut rx) = one_key_synced(dir.path()).await;
     let mut a = Box::pin(tx.send(k("a"), 1));
     let mut b = Box::pin(tx.send(k("b"), 2));
     // Polled once, "a" has its record appended and waits for the sync (the log thread's).
@@ -792,19 +793,85 @@ async fn a_send_holds_its_key_slot_while_its_record_is_written() {
 #[tokio::test]
 async fn a_dropped_send_gives_its_key_slot_back() {
     let dir = TempDir::new().unwrap();
-    let (tx, rx) = timed::Builder::new(HOUR)
-        .max_keys(1)
-        .durable(dir.path())
-        .fsync(FsyncPolicy::Always)
-        .open::<String, u32>()
-        .await
-        .unwrap();
+    let (tx, rx) = one_key_synced(dir.path()).await;
     let mut a = Box::pin(tx.send(k("a"), 1));
     assert!(futures::poll!(&mut a).is_pending());
     assert!(tx.try_send(k("b"), 2).unwrap_err().is_full());
     drop(a);
     tx.try_send(k("b"), 2).unwrap();
     assert_eq!(rx.len(), 1);
+}
+
+/// A durable `send` of a pending key keeps that key's slot while its record becomes
+/// durable: should the key be taken and acknowledged meanwhile, no other new key takes the
+/// slot, and the value goes in, alone, when its send resolves.
+#[tokio::test]
+async fn a_send_of_a_pending_key_keeps_its_slot_if_the_key_leaves() {
+    let dir = TempDir::new().unwrap();
+    let (tx, mut rx) = one_key_synced(dir.path()).await;
+    tx.try_send(k("a"), 1).unwrap();
+    let mut again = Box::pin(tx.send(k("a"), 2));
+    // Polled once, it has its record appended and waits for the sync; "a" is pending, so it
+    // needs no slot of its own.
+    assert!(futures::poll!(&mut again).is_pending());
+    let delivery = rx.drain_now().remove(0).remove(0);
+    assert_eq!(delivery.values(), [1]);
+    delivery.ack().await.unwrap(); // "a" leaves the queue
+    assert!(tx.try_send(k("b"), 3).unwrap_err().is_full());
+    tokio::time::timeout(Duration::from_secs(5), again)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(tx.stats().pending_keys, 1);
+    assert!(tx.try_send(k("b"), 3).unwrap_err().is_full());
+    let delivery = rx.drain_now().remove(0).remove(0);
+    assert_eq!(
+        (delivery.key().as_str(), delivery.values()),
+        ("a", &[2][..])
+    );
+    delivery.ack().await.unwrap();
+    tx.try_send(k("b"), 3).unwrap();
+}
+
+/// `max_keys` holds as users meet it: eight tasks send to six keys of a durable channel
+/// under `max_keys(2)`, and a consumer acknowledges each batch; no more than two keys are
+/// ever pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn max_keys_holds_with_many_tasks_and_acks() {
+    let dir = TempDir::new().unwrap();
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO)
+        .max_keys(2)
+        .durable(dir.path())
+        .fsync(FsyncPolicy::Always)
+        .open::<String, u32>()
+        .await
+        .unwrap();
+    let tasks: Vec<_> = (0..8u32)
+        .map(|t| {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                for i in 0..200u32 {
+                    tx.send(format!("k{}", (t + i) % 6), i).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    drop(tx);
+    let (mut worst, mut values) = (0, 0);
+    while let Some(batch) = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+        .await
+        .unwrap()
+    {
+        worst = worst.max(rx.stats().pending_keys);
+        values += batch.iter().map(|d| d.values().len()).sum::<usize>();
+        ack_all(batch).await.unwrap();
+        worst = worst.max(rx.stats().pending_keys);
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert!(worst <= 2, "max_keys(2) but {worst} keys pending at once");
+    assert_eq!(values, 8 * 200);
 }
 
 /// A channel that closes while a `send`'s record is made durable fails that send and hands

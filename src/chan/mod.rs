@@ -128,6 +128,11 @@ struct State<F: Flavor, K, V> {
     /// Key slots (`max_keys`) held by durable sends of new keys while their records become
     /// durable, before their values go in (see [`Tx::send_durably`]).
     held_keys: usize,
+    /// Durable sends let in for a pending key, by key hash, while their records become
+    /// durable (with `max_keys` only). Should the key leave the queue meanwhile (taken and
+    /// decided), its slot stays taken for them: see [`Chan::slots_taken`].
+    #[cfg(feature = "durable")]
+    riding: HashMap<u64, usize>,
     /// An acknowledging channel's bookkeeping; `None` for a plain one.
     acked: Option<Box<Acked<F, K, V>>>,
     /// Keys and ranks to drop once the lock is released: those that values taken in from
@@ -235,9 +240,21 @@ pub(crate) struct Item<F: Flavor, K, V> {
     /// Its record, encoded before the lock is taken, in a durable channel.
     #[cfg(feature = "durable")]
     encoded: Option<crate::durable::Encoded>,
-    /// Whether it holds a key slot while its record becomes durable (`State::held_keys`).
+    /// What it holds of `max_keys` while its record becomes durable.
     #[cfg(feature = "durable")]
-    holds_key: bool,
+    key_hold: KeyHold,
+}
+
+/// What a durable send holds of `max_keys` while its record becomes durable.
+#[cfg(feature = "durable")]
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum KeyHold {
+    /// Nothing: the channel has no `max_keys`, or the send holds no record.
+    None,
+    /// A key slot of its own (`State::held_keys`): its key was not pending.
+    Slot,
+    /// Its key's slot (`State::riding`): its key was pending.
+    Rides,
 }
 
 impl<F: Flavor, K, V> Item<F, K, V> {
@@ -251,7 +268,7 @@ impl<F: Flavor, K, V> Item<F, K, V> {
             weight,
             seq: None,
             #[cfg(feature = "durable")]
-            holds_key: false,
+            key_hold: KeyHold::None,
             #[cfg(feature = "durable")]
             encoded: None,
         }
@@ -590,6 +607,21 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
         len < self.config.capacity && fits
     }
 
+    /// Key slots taken, for `max_keys`: keys pending or in flight, slots held by durable
+    /// sends of new keys, and, in a durable channel, the slot of each key that left the
+    /// queue while sends let in for it wait for their records: their values go in as a new
+    /// key's. (Counted by hash: a rider's key that left counts as pending while another key
+    /// of the same hash is, which 64-bit hashes make too rare to matter.)
+    fn slots_taken(&self, state: &State<F, K, V>) -> usize {
+        let taken = state.queue.slot_count() + state.held_keys;
+        #[cfg(feature = "durable")]
+        let taken = taken
+            + (state.riding.keys())
+                .filter(|&&hash| !state.queue.has_hash(hash))
+                .count();
+        taken
+    }
+
     /// Whether a send in the key line waits for room alone: the first of the line once a key
     /// slot is free, or the first send of a key that is pending, which needs no slot. Such a
     /// send had its turn for room before any send now in the room line came (a send joins the
@@ -600,7 +632,7 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
         if line.is_empty() {
             return false;
         }
-        if state.queue.slot_count() + state.held_keys < self.config.max_keys {
+        if self.slots_taken(state) < self.config.max_keys {
             return true;
         }
         // No slot is free: only sends of pending keys may go in. A hash shared with a pending
@@ -631,7 +663,7 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
         }
         let key_line = &state.key_line.waiting;
         if let Some(front) = key_line.front() {
-            let slot = state.queue.slot_count() + state.held_keys < self.config.max_keys;
+            let slot = self.slots_taken(state) < self.config.max_keys;
             if slot && self.has_room(state, front.weight) {
                 wakes.push(front.waker.clone());
             }
@@ -793,7 +825,7 @@ where
             let turn = match pending {
                 true => !state.key_line.has_earlier(queued.hash, key_place),
                 false => {
-                    let slots = state.queue.slot_count() + state.held_keys;
+                    let slots = self.slots_taken(state);
                     slots < config.max_keys && state.key_line.is_first(key_place)
                 }
             };
@@ -831,10 +863,14 @@ where
                 state.held_weight += queued.weight;
                 // A new key's slot is taken now, or other new keys would go in beside it
                 // while its record is written, past `max_keys`. A second send of the key
-                // meanwhile takes one too, since the key is not pending yet: it waits.
+                // meanwhile takes one too, since the key is not pending yet: it waits. A
+                // pending key's slot is kept for the send, should the key leave meanwhile.
                 if new_key {
                     state.held_keys += 1;
-                    queued.holds_key = true;
+                    queued.key_hold = KeyHold::Slot;
+                } else if config.max_keys != usize::MAX {
+                    *state.riding.entry(queued.hash).or_default() += 1;
+                    queued.key_hold = KeyHold::Rides;
                 }
                 self.moved_on(guard, place);
                 return Ok(Pushed::Held(record));
@@ -1286,6 +1322,8 @@ where
             held_values: 0,
             held_weight: 0,
             held_keys: 0,
+            #[cfg(feature = "durable")]
+            riding: HashMap::new(),
             acked: parts
                 .acked
                 .then(|| Box::new(Acked::new(config.max_attempts))),
@@ -1420,7 +1458,7 @@ where
             return Err(SendError(item.into_parts()));
         }
         let item = held.release(&mut guard);
-        let held_key = item.holds_key;
+        let held_key = item.key_hold != KeyHold::None;
         if durable.is_err() {
             // `Sender::log_error` says why. The record may have reached the disk even so
             // (a failed sync says nothing about what was written): the value may come back
@@ -1432,7 +1470,8 @@ where
         }
         chan.insert_item(&mut guard, item);
         if held_key {
-            // Its key may have been pending already, so a slot may have come free.
+            // Its key may have been pending already, or it may have been another's rider
+            // too, so a slot may have come free.
             chan.serve(&mut guard);
         }
         Ok(())
@@ -1673,7 +1712,20 @@ impl<F: Flavor, K, V> HeldRoom<'_, F, K, V> {
         let item = self.item.take().expect("the value is held");
         guard.held_values -= 1;
         guard.held_weight -= item.weight;
-        guard.held_keys -= usize::from(item.holds_key);
+        match item.key_hold {
+            KeyHold::None => {}
+            KeyHold::Slot => guard.held_keys -= 1,
+            KeyHold::Rides => {
+                let riders = guard
+                    .riding
+                    .get_mut(&item.hash)
+                    .expect("a rider is counted");
+                *riders -= 1;
+                if *riders == 0 {
+                    guard.riding.remove(&item.hash);
+                }
+            }
+        }
         item
     }
 
