@@ -337,6 +337,7 @@ on_both!(
     a_retried_key_keeps_its_rank,
     a_delayed_retry_keeps_its_rank,
     a_split_retry_keeps_its_attempt,
+    attempts_are_counted_per_value,
     ack_all_then_the_stream_ends,
     a_stream_from_many_tasks,
 );
@@ -730,6 +731,57 @@ async fn a_split_retry_keeps_its_attempt(mode: Mode) {
     assert_eq!(contents(&third), [(2, vec![3])]);
     assert_eq!(third[0].attempt(), 2, "value 3 comes back");
     ack_each(third).await;
+}
+
+/// A delivery's attempt is its first value's own count, even when the values behind it
+/// were handed out fewer times, and `max_attempts` counts by it too: a value handed out
+/// once, behind one handed out twice, gets two more attempts once the older one is gone.
+async fn attempts_are_counted_per_value(mode: Mode) {
+    let window = ms(40);
+    let setup = setup("attempts-per-value", window).max_batch(2);
+    let Some(mut q) = setup.max_attempts(3).open(mode).await else {
+        return;
+    };
+    let attempts = |batch: &Batch| batch.iter().map(Delivery::attempt).collect::<Vec<_>>();
+    q.tx.send(1, 10).await.unwrap(); // due first
+    q.tx.send(2, 1).await.unwrap();
+    q.tx.send(2, 2).await.unwrap();
+    sleep(window * 3).await;
+    let mut first = next_batch(&mut q.rx).await;
+    assert_eq!(contents(&first), [(1, vec![10]), (2, vec![1])]);
+    let (two, one) = (first.pop().unwrap(), first.pop().unwrap());
+    two.retry().await.unwrap();
+    // Value 1 goes out a second time, value 2 a first.
+    let second = next_batch(&mut q.rx).await;
+    assert_eq!(
+        (contents(&second), attempts(&second)),
+        (vec![(2, vec![1, 2])], vec![2])
+    );
+    for delivery in second {
+        delivery.retry().await.unwrap();
+    }
+    one.retry().await.unwrap();
+    // Key 1 goes first by its rank, and key 2 is split again: value 1 alone, a third time.
+    let mut third = next_batch(&mut q.rx).await;
+    if third.len() == 1 {
+        // A Redis pull may take key 1 before key 2's retry is back in line.
+        third.extend(next_batch(&mut q.rx).await);
+    }
+    assert_eq!(contents(&third), [(1, vec![10]), (2, vec![1])]);
+    assert_eq!(attempts(&third), [2, 3]);
+    ack_each(third).await;
+    // Value 2 was handed out once before: this is its second attempt, and not its last.
+    for attempt in [2, 3] {
+        let batch = next_batch(&mut q.rx).await;
+        assert_eq!(
+            (contents(&batch), attempts(&batch)),
+            (vec![(2, vec![2])], vec![attempt])
+        );
+        for delivery in batch {
+            delivery.retry().await.unwrap();
+        }
+    }
+    assert_quiet(&mut q.rx, window * 3, "value 2 had its last attempt").await;
 }
 
 /// `ack::ack_all` of a whole batch acknowledges every delivery: after `close` the stream

@@ -87,7 +87,7 @@ pub use receiver::{Receiver, Undecodable};
 pub use sender::{SendError, Sender};
 
 /// The version of the layout in Redis, checked at open.
-const VERSION: &str = "1";
+const VERSION: &str = "2";
 const FLAVOUR: &str = "timed";
 
 /// Builds senders and receivers of one queue in Redis: its server, its name, and its window.

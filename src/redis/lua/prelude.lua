@@ -12,8 +12,9 @@
 --   P:held   ZSET  key -> when its retry delay is over (ms), for keys held by one
 --   P:wake   ZSET  a marker that receivers pop with BZPOPMIN to wake early
 --   P:dead, P:bad  LISTs of dead letters: key, "attempts|count|reason", then the values
--- The key's state: ent (ms its oldest waiting value arrived), att and cov (the attempt of the
--- front cov values that came back), hold (its score, while a retry delay holds it in HELD);
+-- The key's state: ent (ms its oldest waiting value arrived), runs (how many times each of the
+-- front values was handed out, as "count:values,..." from the front, for the values that came
+-- back), hold (its score, while a retry delay holds it in HELD);
 -- while a delivery is in flight: fl (its id), fn (its count), fa (its attempt), osc (the
 -- score it had), rest (values behind it that were due with it), nsc and nen (score and
 -- arrival of the run that started while it was in flight).
@@ -65,18 +66,77 @@ local function unlease(id)
   redis.call('HDEL', LK, id)
 end
 
+-- A key's `runs`, as a list of { count, values }, front first. Counts fall from front to
+-- back, since values come back in front.
+local function runs_of(s)
+  local runs = {}
+  for c, n in string.gmatch(redis.call('HGET', s, 'runs') or '', '(%d+):(%d+)') do
+    runs[#runs + 1] = { tonumber(c), tonumber(n) }
+  end
+  return runs
+end
+
+-- Stores `runs`, merging neighbours of equal count; none: the key's values are all new.
+local function set_runs(s, runs)
+  local parts, last = {}, nil
+  for _, run in ipairs(runs) do
+    if last and last[1] == run[1] then
+      last[2] = last[2] + run[2]
+    elseif run[2] > 0 then
+      last = { run[1], run[2] }
+      parts[#parts + 1] = last
+    end
+  end
+  if #parts == 0 then
+    redis.call('HDEL', s, 'runs')
+    return
+  end
+  for i, run in ipairs(parts) do parts[i] = run[1] .. ':' .. run[2] end
+  redis.call('HSET', s, 'runs', table.concat(parts, ','))
+end
+
+-- The runs once the front `n` values went out and came back: each was handed out once more.
+local function handed_again(runs, n)
+  local out = {}
+  for _, run in ipairs(runs) do
+    local c, m = run[1], run[2]
+    if n >= m then
+      out[#out + 1] = { c + 1, m }
+    elseif n > 0 then
+      out[#out + 1] = { c + 1, n }
+      out[#out + 1] = { c, m - n }
+    else
+      out[#out + 1] = run
+    end
+    n = math.max(0, n - m)
+  end
+  if n > 0 then
+    -- Values after the runs were never handed out before.
+    out[#out + 1] = { 1, n }
+  end
+  return out
+end
+
+-- The runs once the front `n` values left.
+local function without_front(runs, n)
+  local out = {}
+  for _, run in ipairs(runs) do
+    local m = run[2]
+    if n < m then out[#out + 1] = { run[1], m - n } end
+    n = math.max(0, n - m)
+  end
+  return out
+end
+
 -- The delivery in flight for `k` goes back in front of its key's values, due in `delay_us`.
 -- It keeps the rank it had when it was taken, as in memory: once due again, it goes ahead
 -- of keys that came due after it. A delayed key waits in HELD until its delay is over.
 local function requeue(k, s, delay_us)
-  local st = redis.call('HMGET', s, 'fa', 'fn', 'cov', 'osc')
-  local cov = tonumber(st[3] or '0')
-  local fn = tonumber(st[2])
-  if fn > cov then cov = fn end
-  redis.call('HSET', s, 'att', st[1], 'cov', cov)
+  local st = redis.call('HMGET', s, 'fn', 'osc')
+  set_runs(s, handed_again(runs_of(s), tonumber(st[1])))
   redis.call('HDEL', s, 'fl', 'fn', 'fa', 'osc', 'rest', 'nsc', 'nen')
   if delay_us > 0 then
-    redis.call('HSET', s, 'hold', st[4])
+    redis.call('HSET', s, 'hold', st[2])
     redis.call('ZADD', HELD, due_in(delay_us) + epoch, k)
     -- A waiting receiver's timer knows nothing of this delay's end: wake one to look, if
     -- it is the first to end.
@@ -84,7 +144,7 @@ local function requeue(k, s, delay_us)
       redis.call('ZADD', WAKE, 0, 'w')
     end
   else
-    enqueue(k, tonumber(st[4]))
+    enqueue(k, tonumber(st[2]))
   end
 end
 
@@ -102,26 +162,21 @@ end
 
 -- The delivery in flight for `k` leaves the queue: acked, given up or dead.
 local function remove_front(k, s)
-  local st = redis.call('HMGET', s, 'fn', 'cov', 'rest', 'osc', 'nsc', 'nen')
+  local st = redis.call('HMGET', s, 'fn', 'rest', 'osc', 'nsc', 'nen')
   local fn = tonumber(st[1])
   local L = lkey(k)
   redis.call('LTRIM', L, fn, -1)
   local pending = redis.call('HINCRBY', META, 'pending', -fn)
-  local cov = tonumber(st[2] or '0') - fn
+  set_runs(s, without_front(runs_of(s), fn))
   redis.call('HDEL', s, 'fl', 'fn', 'fa', 'osc', 'rest', 'nsc', 'nen', 'hold')
-  if cov > 0 then
-    redis.call('HSET', s, 'cov', cov)
-  else
-    redis.call('HDEL', s, 'cov', 'att')
-  end
   if redis.call('LLEN', L) == 0 then
     redis.call('DEL', s)
-  elseif tonumber(st[3] or '0') > 0 or not st[5] then
+  elseif tonumber(st[2] or '0') > 0 or not st[4] then
     -- The rest of a split key was due with it, and stays first among equals.
-    enqueue(k, tonumber(st[4]))
+    enqueue(k, tonumber(st[3]))
   else
-    redis.call('HSET', s, 'ent', st[6])
-    enqueue(k, tonumber(st[5]))
+    redis.call('HSET', s, 'ent', st[5])
+    enqueue(k, tonumber(st[4]))
   end
   if pending <= 0 and redis.call('HGET', META, 'closed') == '1' then
     -- Closed and empty: wake receivers so that their streams end.

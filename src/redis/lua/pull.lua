@@ -34,9 +34,10 @@ for i = 1, #due, 2 do
   local s = skey(k)
   local len = redis.call('LLEN', L)
   local n = math.min(len, budget)
-  local st = redis.call('HMGET', s, 'att', 'cov', 'ent')
+  local ent = redis.call('HGET', s, 'ent')
+  local front = runs_of(s)[1]
   local attempt = 1
-  if tonumber(st[2] or '0') > 0 then attempt = tonumber(st[1]) + 1 end
+  if front then attempt = front[1] + 1 end
   -- With the epoch: a queue whose data was deleted counts deliveries from 1 again, and a
   -- delivery held from before must not decide, or renew, a new one.
   local id = redis.call('HINCRBY', META, 'bid', 1) .. '@' .. epoch
@@ -44,7 +45,7 @@ for i = 1, #due, 2 do
   redis.call('HSET', s, 'fl', id, 'fn', n, 'fa', attempt, 'osc', due[i + 1], 'rest', len - n)
   redis.call('ZADD', LEASE, now_ms + lease, id)
   redis.call('HSET', LK, id, k)
-  taken[#taken + 1] = { k, id, attempt, tonumber(st[3] or now_ms), redis.call('LRANGE', L, 0, n - 1) }
+  taken[#taken + 1] = { k, id, attempt, tonumber(ent or now_ms), redis.call('LRANGE', L, 0, n - 1) }
   budget = budget - n
 end
 out[2] = next_wake()
