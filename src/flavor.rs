@@ -12,6 +12,9 @@ pub(crate) trait Flavor {
     type Rank;
     /// What a sender supplies to rank a value. A refused send hands it back.
     type Input;
+    /// Whether comparing ranks runs user code, which may panic: `SortedQueue::insert` then
+    /// catches a panic that comes after the values went in.
+    const USER_ORD: bool;
 
     /// The rank of a value joining its key. May return `None` when the key is pending and
     /// the value cannot lower its rank.

@@ -230,40 +230,44 @@
 //!
 //! # Panics in user code
 //!
-//! A key whose `Hash`, `Eq` or `Clone` panics (or a sort key whose `Ord` or `Clone` does, or
-//! a weigher) makes that call panic. The channel stays usable and no other key's values are
-//! lost: such a panic under the channel's lock poisons the lock, and the channel recovers it,
-//! since its state is whole at every point where user code runs. A key whose `Clone` panics
-//! when a batch has to split it is not split again: its values go out together, whole,
-//! beside other keys when they fit and alone, even past `max_batch` and
-//! `max_batch_weight`, when they do not. `drain_now` hands over the batches it took before
-//! such a panic, and panics only if it took none.
+//! A key whose `Hash`, `Eq` or `Clone` panics (or a sort key whose `Ord` or `Clone` does,
+//! or a weigher) makes that call panic; a send that panics so drops its value, unless the
+//! panic came after the value went in (another sort key's `Ord`, as the queue's index
+//! settles), when the value is pending, and counted in `Stats::sent`. The channel stays
+//! usable and no other key's pending values are lost (for values still in the inbox, see
+//! below): such a panic under the channel's lock poisons the lock, and the channel recovers
+//! it, since its state is whole at every point where user code runs. A key whose `Clone`
+//! panics when a batch has to split it is not split again for the rest of its current run:
+//! its values go out together, whole, beside other keys when they fit and alone, even past
+//! `max_batch` and `max_batch_weight`, when they do not. `drain_now` hands over the batches
+//! it took before such a panic, and panics only if it took none.
 //!
 //! The exception is a send that finds the lock held, or values already waiting in the
 //! inbox. In a channel with none of `capacity`, `max_weight`, `max_keys`,
 //! `max_values_per_key` and `max_key_weight`, and that does not acknowledge, such a send
 //! does not wait to put its value in: it leaves it, with the time it arrived, in an inbox
 //! of about 4,096 values, behind the values waiting there, and the next call that takes the
-//! lock, on any handle, puts the inbox's values in first. (The send still waits for the
-//! lock when the inbox is full, and takes it to wake the receivers when its value may be
-//! due before the deadline they sleep until: when it is, and when that deadline is not
-//! known (in a new channel, after a receiver stopped waiting without taking a batch, or
-//! while one waits with nothing due), unless the value's own deadline is past the range and
-//! never reached. A send made by user code under the lock, on the thread that holds it,
-//! never waits: its value goes in even past the bound, and the call that holds the lock
-//! wakes the receivers before it lets go.) The user code that putting a value in runs, `Eq`
-//! of its key and, in `ordered`, `Ord` and `Clone` of sort keys, then runs in that call. If
-//! it panics, that call does not panic, and every other value goes in: the value is dropped
-//! and counted in [`Stats::lost`](stats::Stats::lost) if the panic came before it went in,
-//! and stays pending, to be delivered, if it came after (another sort key's `Ord`, as the
-//! queue's index settles). A value whose weight would overflow the total pending weight is
-//! dropped and counted so too, whereas a send that puts its value in itself panics. A send
-//! finds the lock held, or values in the inbox, only while another thread holds the lock or
-//! has left values there, or once user code that runs under the lock (an `Eq`, say) has
-//! sent on the same channel: handles used on one thread, by code that does not, never see
-//! the inbox. A value's window counts from when it was sent, but it goes in when it is
-//! taken in, and a run it starts takes its place among runs then: among keys of equal rank
-//! it can come behind a run that another thread started a moment after it was sent, and
+//! lock, on any handle (`len`, `stats`, cloning or dropping a handle among them), puts the
+//! inbox's values in first. (The send still waits for the lock when the inbox is full, and
+//! takes it to wake the receivers when its value may be due before the deadline they sleep
+//! until: when it is, and when that deadline is not known (in a new channel, after a
+//! receiver stopped waiting without taking a batch, or while one waits with nothing due),
+//! unless the value's own deadline is past the range and never reached. A send made by user
+//! code under the lock, on the thread that holds it, never waits: its value goes in even
+//! past the bound, and the call that holds the lock wakes the receivers before it lets go.)
+//! The user code that putting a value in runs, `Eq` of its key and, in `ordered`, `Ord` and
+//! `Clone` of sort keys, then runs in that call. If it panics, that call does not panic,
+//! and every other value goes in: the value is dropped and counted in
+//! [`Stats::lost`](stats::Stats::lost) if the panic came before it went in, and stays
+//! pending, to be delivered, if it came after (another sort key's `Ord`, as the queue's
+//! index settles). A value whose weight would overflow the total pending weight is dropped
+//! and counted so too, whereas a send that puts its value in itself panics. A send finds
+//! the lock held, or values in the inbox, only while another thread holds the lock or has
+//! left values there, or once user code that runs under the lock (an `Eq`, say) has sent on
+//! the same channel: handles used on one thread, by code that does not, never see the
+//! inbox. A value's window counts from when it was sent, but it goes in when it is taken
+//! in, and a run it starts takes its place among runs then: among keys of equal rank it can
+//! come behind a run that another thread started a moment after it was sent, and
 //! [`Stats::oldest_pending`](stats::Stats::oldest_pending) can look past it, to that later
 //! run, when that run comes first.
 //!
@@ -282,9 +286,10 @@
 //! and, in a durable channel, `Serialize` run before the lock is taken, and never when a
 //! delivery is decided. Keys, values and sort keys are dropped, and wakers woken, after it
 //! is released, so their `Drop`, or a wake, may use the channel; the one exception is the
-//! key, value and sort key of a value whose own user code panics under the lock (or that a
-//! receiver's `requeue` hands back with a weight that overflows the total), which are
-//! dropped as the panic unwinds, before the lock is released.
+//! key, value and sort key of a value whose putting-in panics under the lock before the
+//! value goes in (its key's `Eq`, or `Ord` or `Clone` of a sort key it is ranked against;
+//! or a receiver's `requeue` that hands values back with a weight that overflows the total),
+//! which are dropped as the panic unwinds, before the lock is released.
 
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

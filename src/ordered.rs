@@ -49,6 +49,7 @@ pub(crate) struct SortKeys<S>(PhantomData<fn() -> S>);
 impl<S> Flavor for SortKeys<S> {
     type Rank = S;
     type Input = S;
+    const USER_ORD: bool = true;
 
     fn rank(sort_key: S, _: Joining<'_, '_, S>) -> Option<S> {
         Some(sort_key)

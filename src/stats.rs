@@ -83,8 +83,9 @@ pub struct Stats {
     /// Values dropped because every receiver was gone: those pending when the last one
     /// went, dead letters not taken, and, in an acknowledging channel, values retried or
     /// dropped undecided after that. A durable channel's log still has them: they come back
-    /// when its directory is opened again. Also values sent through the inbox whose key's
-    /// `Eq` (or sort key's `Ord` or `Clone`) panicked before they went in (see the crate
+    /// when its directory is opened again. Also values sent through the inbox that user code
+    /// panicked on before they went in (their key's `Eq`, or `Ord` or `Clone` of any sort
+    /// key compared), or whose weight would overflow the total pending weight (see the crate
     /// docs, *Panics in user code*).
     pub lost: u64,
     /// Durable channels: values the log gave back when the channel opened.

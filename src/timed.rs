@@ -123,6 +123,7 @@ pub(crate) enum Due {
 impl Flavor for Deadlines {
     type Rank = Deadline;
     type Input = Due;
+    const USER_ORD: bool = false;
 
     fn rank(due: Due, joining: Joining<'_, '_, Deadline>) -> Option<Deadline> {
         let Joining {

@@ -864,6 +864,59 @@ fn spare_sort_key_is_dropped_outside_the_lock() {
     });
 }
 
+/// In `ordered`, a send whose value goes in and which then panics in another sort key's
+/// `Ord` (the fronts of the index compared as it settles) drops the key it brought after
+/// the lock, as any spare key.
+#[test]
+fn spare_key_of_a_send_that_panics_after_it_went_in_is_dropped_outside_the_lock() {
+    on_thread("spare key after a panic", || {
+        let (tx, rx) = ordered::channel::<TouchyRank, Reentrant, u32>();
+        tx.try_send(TouchyRank(1), Reentrant(1), 10).unwrap();
+        tx.try_send(TouchyRank(9), Reentrant(9), 90).unwrap();
+        tx.try_send(TouchyRank(3), Reentrant(3), 30).unwrap();
+        let probe = tx.clone();
+        let hooked = with_drop_hook(
+            move || assert!(!probe.is_closed()),
+            || {
+                // Key 9's rank falls to 5; then the fronts, 1 and 3, are compared.
+                arm(1, &[What::Ord]);
+                assert!(panics(|| tx.try_send(TouchyRank(5), Reentrant(9), 91)));
+                disarm();
+            },
+        );
+        assert_eq!(hooked, 1);
+        assert_eq!(rx.len(), 4);
+    });
+}
+
+/// A send whose value goes in before another sort key's `Ord` panics is counted as sent,
+/// and its key's run as pending, as the same panic is through the inbox.
+#[test]
+fn a_send_that_panics_after_it_went_in_is_counted() {
+    let (tx, mut rx) = ordered::Builder::new()
+        .max_batch(3)
+        .build::<TouchyRank, u32, u32>();
+    tx.try_send(TouchyRank(5), 1, 10).unwrap();
+    tx.try_send(TouchyRank(9), 2, 20).unwrap();
+    tx.try_send(TouchyRank(7), 4, 40).unwrap();
+    // Key 3 goes in at rank 10; then the fronts, 5 and 7, are compared.
+    arm(5, &[What::Ord]);
+    assert!(panics(|| tx.try_send(TouchyRank(10), 3, 30)));
+    disarm();
+    let stats = rx.stats();
+    assert_eq!((stats.sent, stats.pending_values), (4, 4));
+    let first = rx.try_recv().unwrap();
+    assert_eq!(first, vec![(1, vec![10]), (4, vec![40]), (2, vec![20])]);
+    let stats = rx.stats();
+    assert_eq!(stats.pending_values, 1);
+    assert!(
+        stats.oldest_pending.is_some(),
+        "key 3 is pending: {stats:?}"
+    );
+    assert_eq!(rx.try_recv().unwrap(), vec![(3, vec![30])]);
+    assert_eq!((rx.stats().sent, rx.stats().delivered), (4, 4));
+}
+
 /// In `ordered`, lowering a rank replaces it and leaves a stale index entry behind; both
 /// ranks are dropped after the lock, whenever the queue lets go of them.
 #[test]

@@ -476,19 +476,23 @@ where
                     None => {
                         // A key that cannot be held goes back in as new values would.
                         let state = &mut **guard;
-                        let inserted =
-                            state
-                                .queue
-                                .insert(hash, key, Items::Prepend(back), |_, _, _| Some(rank));
+                        let mut inserted = state.queue.insert(
+                            hash,
+                            key,
+                            Items::Prepend(back),
+                            |_, _, _| Some(rank),
+                            F::USER_ORD,
+                        );
                         // A new run, from now: noting an older start at the back would
                         // leave the oldest run behind a newer one.
                         if let Some(run) = inserted.new_run {
                             state.note_run(run, now);
                         }
-                        guard.spare = (inserted.spare_key, inserted.spare_rank);
+                        guard.spare = (inserted.spare_key.take(), inserted.spare_rank.take());
                         if inserted.leads {
                             guard.wake_receivers();
                         }
+                        inserted.resume();
                     }
                 }
             }

@@ -733,7 +733,7 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
         K: Hash + Eq + Clone,
         F::Rank: Ord + Clone,
     {
-        queue.insert(hash, key, items, |current, values, weight| {
+        let rank = |current: Option<&F::Rank>, values, weight| {
             let joining = Joining {
                 current,
                 values,
@@ -742,7 +742,8 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
                 clock,
             };
             F::rank(input, joining)
-        })
+        };
+        queue.insert(hash, key, items, rank, F::USER_ORD)
     }
 
     /// The rank `input` gives a key on its own (a flush, a requeue), and the time now;
@@ -931,12 +932,21 @@ where
             Some(at) => Clock::at(self.epoch, &mut state.last_now, at),
             None => Clock::new(self.epoch, &mut state.last_now),
         };
-        let inserted = self.insert_ranked(&mut state.queue, &mut clock, (hash, key, input), items);
+        let mut inserted =
+            self.insert_ranked(&mut state.queue, &mut clock, (hash, key, input), items);
         // When the run started, for the oldest-age figure.
         let arrival = inserted.new_run.map(|run| (run, clock.now()));
         state.arrivals.extend(arrival);
         state.counts.sent += 1;
-        ((inserted.spare_key, inserted.spare_rank), inserted.leads)
+        let spare = (inserted.spare_key.take(), inserted.spare_rank.take());
+        if inserted.panic.is_some() {
+            // Another sort key's `Ord` panicked after the value went in: it is pending and
+            // counted, and the spare key and rank drop after the lock.
+            state.spares.push(spare);
+            inserted.resume();
+            unreachable!("resumed the panic");
+        }
+        (spare, inserted.leads)
     }
 
     /// Takes the inbox in: puts its values into the queue, in the order they were sent.
@@ -961,7 +971,7 @@ where
         for entry in inbox.take() {
             let arrival = entry.arrival;
             let item = entry.into_item();
-            let (hash, values, keys) = (item.hash, state.queue.len(), state.queue.key_count());
+            let values = state.queue.len();
             let put = panic::catch_unwind(AssertUnwindSafe(|| {
                 self.insert_at(state, item, Some(arrival))
             }));
@@ -973,18 +983,8 @@ where
                     }
                 }
                 // `Ord` of another sort key panicked as the index settled, after the value
-                // went in: it is pending, and counted as `insert_at` would have.
-                Err(_) if state.queue.len() > values => {
-                    state.counts.sent += 1;
-                    if state.queue.key_count() > keys {
-                        let run = Run {
-                            hash,
-                            seq: state.queue.last_id(),
-                        };
-                        state.arrivals.push_back((run, arrival));
-                    }
-                    state.inbox_leads = true;
-                }
+                // went in: it is pending, and `insert_at` counted it.
+                Err(_) if state.queue.len() > values => state.inbox_leads = true,
                 Err(_) => state.counts.lost += 1,
             }
         }
@@ -1968,15 +1968,17 @@ where
         let count = values.len() as u64;
         let (rank, now) = chan.rank_alone(&mut state.last_now, input);
         let items = Items::Prepend(Returned::new(values, weights));
-        let inserted = state.queue.insert(hash, key, items, |_, _, _| Some(rank));
+        let mut inserted =
+            (state.queue).insert(hash, key, items, |_, _, _| Some(rank), F::USER_ORD);
         state.counts.requeued += count;
         state
             .arrivals
             .extend(inserted.new_run.map(|run| (run, now)));
-        guard.spare = (inserted.spare_key, inserted.spare_rank);
+        guard.spare = (inserted.spare_key.take(), inserted.spare_rank.take());
         if inserted.leads {
             guard.wake_receivers();
         }
+        inserted.resume();
         // Its key may be pending now: a send of it waiting for a key slot may go in.
         chan.serve(&mut guard);
         Ok(())

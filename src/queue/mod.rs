@@ -54,6 +54,7 @@
 //! whole (alone, even past the caps, when they do not fit), so that the keys behind it are
 //! not stuck.
 
+use std::any::Any;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::panic::{self, AssertUnwindSafe};
@@ -231,6 +232,19 @@ pub(crate) struct Inserted<R, K> {
     pub(crate) spare_key: Option<K>,
     /// A rank that did not lower the key's.
     pub(crate) spare_rank: Option<R>,
+    /// A panic of user `Ord` (another key's, as the index settled) after the values went in:
+    /// for the caller to [`resume`](Self::resume) once it has counted them, and put the
+    /// spare key and rank where their drop may run.
+    pub(crate) panic: Option<Box<dyn Any + Send>>,
+}
+
+impl<R, K> Inserted<R, K> {
+    /// Goes on with the panic that came after the values went in, if one did.
+    pub(crate) fn resume(&mut self) {
+        if let Some(panic) = self.panic.take() {
+            panic::resume_unwind(panic);
+        }
+    }
 }
 
 impl<R, K, V> SortedQueue<R, K, V> {
@@ -509,8 +523,9 @@ where
     ) -> bool {
         let hash = self.hasher.hash_one(&key);
         let rank = |_: Option<&R>, values, weight| Some(rank(values, weight));
-        self.insert(hash, key, Items::Append(value, weight), rank)
-            .leads
+        let mut inserted = self.insert(hash, key, Items::Append(value, weight), rank, true);
+        inserted.resume();
+        inserted.leads
     }
 
     /// Puts `values` back in front of `key`'s pending values, as after a failed delivery. The
@@ -577,7 +592,9 @@ where
         }
         let hash = self.hasher.hash_one(&key);
         let items = Items::Prepend(Returned::new(values, weights));
-        self.insert(hash, key, items, |_, _, _| Some(rank)).leads
+        let mut inserted = self.insert(hash, key, items, |_, _, _| Some(rank), true);
+        inserted.resume();
+        inserted.leads
     }
 
     /// Lowers `key`'s rank to `rank`, if the key is pending and `rank` is smaller. Returns
@@ -1097,13 +1114,16 @@ where
     /// # Panics
     ///
     /// Panics, changing nothing, if the total pending weight would overflow `usize`, or if
-    /// user code (`Eq`, `Ord`, `Clone`, the closure) panics.
+    /// user code (`Eq`, `Ord`, `Clone`, the closure) panics before the items are in. With
+    /// `user_ord`, a panic of `Ord` after, as the index settles, comes back in
+    /// [`Inserted::panic`]; without, `Ord` is the caller's own, and does not panic.
     pub(crate) fn insert(
         &mut self,
         hash: u64,
         key: K,
         items: Items<V>,
         rank: impl FnOnce(Option<&R>, usize, usize) -> Option<R>,
+        user_ord: bool,
     ) -> Inserted<R, K> {
         self.repair();
         let (count, weight) = items.size();
@@ -1120,6 +1140,7 @@ where
             new_run: None,
             spare_key: None,
             spare_rank: None,
+            panic: None,
         };
         // Only a lowered rank leaves a stale ticket behind; only a new ticket can lead.
         let stale = match self.slots.entry(hash, |s| s.key == key, |s| s.hash) {
@@ -1195,21 +1216,31 @@ where
         };
         self.values += count;
         self.weight += weight;
-        if stale {
-            self.settle_stale();
+        let settle = |queue: &mut Self| {
+            if stale {
+                queue.settle_stale();
+            }
+            inserted.leads && queue.leads(id)
+        };
+        if !user_ord {
+            inserted.leads = settle(self);
+        } else if stale || inserted.leads {
+            // The values are in: a panic of the user `Ord` that runs from here on must not
+            // unwind past the caller's count of them, nor drop the spare key and rank under
+            // its lock. A torn index is rebuilt by the next call.
+            match panic::catch_unwind(AssertUnwindSafe(|| settle(self))) {
+                Ok(leads) => inserted.leads = leads,
+                Err(panic) => {
+                    inserted.leads = true;
+                    inserted.panic = Some(panic);
+                }
+            }
         }
-        inserted.leads = inserted.leads && self.leads(id);
         inserted
     }
 
     fn take_id(&mut self) -> u64 {
         self.next_id += 1;
-        self.next_id
-    }
-
-    /// The id the last insert took: a new key's run starts there, even if the insert
-    /// panicked after the key went in.
-    pub(crate) fn last_id(&self) -> u64 {
         self.next_id
     }
 

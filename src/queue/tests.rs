@@ -551,11 +551,11 @@ fn runs_end_when_keys_empty() {
     let mut q = SortedQueue::new();
     let hash = q.hasher().hash_one("a");
     let first = q
-        .insert(hash, "a", Items::Append(1, 1), |_, _, _| Some(0))
+        .insert(hash, "a", Items::Append(1, 1), |_, _, _| Some(0), true)
         .new_run
         .unwrap();
     assert!(q
-        .insert(hash, "a", Items::Append(2, 1), |_, _, _| Some(0))
+        .insert(hash, "a", Items::Append(2, 1), |_, _, _| Some(0), true)
         .new_run
         .is_none());
     assert!(q.is_pending(first));
@@ -564,7 +564,7 @@ fn runs_end_when_keys_empty() {
     q.pop_batch(1, |_| true);
     assert!(!q.is_pending(first));
     let second = q
-        .insert(hash, "a", Items::Append(3, 1), |_, _, _| Some(0))
+        .insert(hash, "a", Items::Append(3, 1), |_, _, _| Some(0), true)
         .new_run
         .unwrap();
     assert!(!q.is_pending(first) && q.is_pending(second));
