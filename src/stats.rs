@@ -90,9 +90,10 @@ pub struct Stats {
     pub lost: u64,
     /// Durable channels: values the log gave back when the channel opened.
     pub log_recovered: u64,
-    /// Durable channels: the log's segments, as of its last write.
+    /// Durable channels: the log's segments, as of the log thread's last write (records it
+    /// writes with no caller waiting, as after `open`, may be appended and not yet counted).
     pub log_segments: usize,
-    /// Durable channels: the bytes in the log's segments, as of its last write.
+    /// Durable channels: the bytes in the log's segments, as `log_segments` counts them.
     pub log_bytes: u64,
     /// Durable channels: bytes cut off the log when it opened: a torn record at its end,
     /// or, with `salvage`, everything from the first bad record on.

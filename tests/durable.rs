@@ -802,6 +802,54 @@ async fn a_dropped_send_gives_its_key_slot_back() {
     assert_eq!(rx.len(), 1);
 }
 
+/// Postcard does not describe what it encodes: a value type whose `Deserialize` needs a
+/// format that does, such as an internally tagged enum, is written without error, and its
+/// records then fail to open with `OpenError::Decode`, as the module docs say.
+#[tokio::test]
+async fn a_type_that_needs_a_self_describing_format_fails_to_open() {
+    #[derive(serde::Serialize, serde::Deserialize)]
+    #[serde(tag = "kind")]
+    enum Event {
+        Created { id: u32 },
+    }
+    let dir = TempDir::new().unwrap();
+    let open = || hourly(dir.path()).open::<String, Event>();
+    let (tx, rx) = open().await.unwrap();
+    tx.send(k("a"), Event::Created { id: 1 }).await.unwrap();
+    drop((tx, rx));
+    let Err(err) = open().await else {
+        panic!("the value decoded");
+    };
+    assert!(
+        matches!(err, OpenError::Decode { what: "value", .. }),
+        "{err}"
+    );
+}
+
+/// A record over the log's limit of 1 GiB would be taken for a damaged one when the log is
+/// read: a send of one panics before anything is written, and the channel goes on.
+#[tokio::test]
+async fn a_send_over_the_record_limit_panics_and_writes_nothing() {
+    let dir = TempDir::new().unwrap();
+    let open = || hourly(dir.path()).open::<String, String>();
+    let (tx, rx) = open().await.unwrap();
+    let big = "x".repeat(1 << 30);
+    let sent = tokio::spawn(async move {
+        let _ = tx.send(k("big"), big).await;
+    });
+    let panic = sent.await.unwrap_err().into_panic();
+    let message = panic.downcast_ref::<String>().expect("a message");
+    assert!(message.contains("over the log's limit"), "{message}");
+    drop(rx);
+    let (tx, mut rx) = open().await.unwrap();
+    let stats = rx.stats();
+    assert_eq!((rx.len(), stats.log_truncated_bytes), (0, 0));
+    tx.send(k("small"), "x".to_string()).await.unwrap();
+    drop(tx);
+    let delivery = rx.recv().await.unwrap().remove(0);
+    assert_eq!(delivery.key(), "small");
+}
+
 /// A durable `send` of a pending key keeps that key's slot while its record becomes
 /// durable: should the key be taken and acknowledged meanwhile, no other new key takes the
 /// slot, and the value goes in, alone, when its send resolves.

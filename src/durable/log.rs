@@ -95,6 +95,17 @@ fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
+/// Whether a `Send` record of these encoded parts fits in [`MAX_BODY`], which the reader
+/// holds every record to.
+pub(crate) fn send_fits(input: &[u8], key: &[u8], value: &[u8]) -> bool {
+    // Its kind, sequence number and arrival, then each part behind its length.
+    let fixed = 1 + 8 + 8 + 3 * 4;
+    (input.len().saturating_add(key.len()))
+        .saturating_add(value.len())
+        .saturating_add(fixed)
+        <= MAX_BODY
+}
+
 /// Appends a `Send` record.
 pub(crate) fn put_send(out: &mut Vec<u8>, send: &Send<'_>) {
     frame(out, |out| {

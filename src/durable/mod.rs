@@ -53,6 +53,10 @@
 //! that waited, with no linger. Acknowledgements resolve once written: a `kill -9` never
 //! brings an acknowledged delivery back, and a power cut at worst redelivers it.
 //!
+//! A send is encoded before the channel's lock is taken. One whose key, value or input
+//! cannot be encoded (its `Serialize` fails), or whose record would be over 1 GiB, panics
+//! there, before anything is written, and its value is dropped.
+//!
 //! # Recovery
 //!
 //! Reopening the directory rebuilds the channel: every value sent and not acknowledged,
@@ -78,9 +82,14 @@
 //!   dead-letter streams), or until its log fails: a failed log lets go of the directory
 //!   at once, so that it can be reopened.
 //! - Keys, values and inputs are decoded as the types `open` names; the log does not
-//!   record types, so another type with a compatible encoding opens without error.
-//! - A torn record at the end of the newest segment (a write cut short by a crash) is cut
-//!   off; [`Stats::log_truncated_bytes`](crate::stats::Stats::log_truncated_bytes) says how
+//!   record types, so another type with a compatible encoding opens without error. They
+//!   must come back through postcard, which does not describe what it encodes: a type
+//!   whose `Deserialize` needs a format that does (`serde_json::Value`, enums with
+//!   `#[serde(untagged)]` or `#[serde(tag = "…")]`, structs with `#[serde(flatten)]`) is
+//!   written without error, and then fails to open with [`OpenError::Decode`].
+//! - A bad record at the end of the newest segment is taken for a torn one (a write cut
+//!   short by a crash), whatever damaged it, and cut off;
+//!   [`Stats::log_truncated_bytes`](crate::stats::Stats::log_truncated_bytes) says how
 //!   many bytes went. A bad record is taken for a torn tail only if no whole record follows
 //!   it: should the torn record's own value hold the bytes of one (a value that is itself
 //!   a log record, say), it is [`OpenError::Corrupt`], as below.
@@ -93,7 +102,8 @@
 //!   segment shorter than a header that holds the start of this format's own (a crash as
 //!   the segment was made): it is cut to nothing, as a torn tail is.
 //! - A pending value whose key, value or input (deadline or sort key) does not decode is
-//!   [`OpenError::Decode`], not a skip.
+//!   [`OpenError::Decode`], not a skip. Values are decoded after the cuts above: an open
+//!   that fails so has made them already (and, with `salvage`, deleted what it cut).
 //!
 //! # Failures
 //!
@@ -112,8 +122,9 @@
 //! postcard), and done and retry records that name sequence numbers. Every record carries
 //! its length and a CRC-32C. One thread owns the files. Segments are deleted by prefix
 //! only, once none of their values is live; values held a long time are copied forward
-//! first. So the log's size stays within about twice its live records plus two segments:
-//! two to three segments when little is pending, however long one delivery is held.
+//! first. So the log's size stays within about twice its live records plus two segments
+//! (the newest may run past `segment_size` by one commit's records): two to four segments
+//! when little is pending, however long one delivery is held.
 
 use std::fmt;
 use std::hash::Hash;
@@ -468,11 +479,23 @@ where
     };
     let journal = Journal::start(files, fsync, recovered.next_seq)
         .map_err(|source| OpenError::Io { path: dir, source })?;
-    let encode: EncodeSend<F, K, V> = Box::new(|input, key, value, clocks| Encoded {
-        arrival: clocks.wall,
-        input: F::encode_input(input, clocks),
-        key: encode("key", key),
-        value: encode("value", value),
+    let encode: EncodeSend<F, K, V> = Box::new(|input, key, value, clocks| {
+        let encoded = Encoded {
+            arrival: clocks.wall,
+            input: F::encode_input(input, clocks),
+            key: encode("key", key),
+            value: encode("value", value),
+        };
+        // The reader takes a longer record for a damaged one: it is never written.
+        let Encoded {
+            input, key, value, ..
+        } = &encoded;
+        assert!(
+            log::send_fits(input, key, value),
+            "a send of {} bytes is over the log's limit of 1 GiB a record",
+            input.len() + key.len() + value.len()
+        );
+        encoded
     });
     let attached = Attached {
         journal: std::sync::Arc::new(journal),
