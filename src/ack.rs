@@ -207,8 +207,8 @@ impl<K, V> Delivery<K, V> {
 
     /// When the oldest of these values entered the channel. It is exact unless a batch cap
     /// split the key: the rest of a split key may report when the part that went before it
-    /// entered, which is earlier (it reports its own time when it holds only values that
-    /// came while a retried part was out).
+    /// entered, which is earlier, even when the rest holds only values that came while that
+    /// part was out.
     ///
     /// # Examples
     ///
@@ -239,7 +239,7 @@ impl<K, V> Delivery<K, V> {
     /// # Errors
     ///
     /// A [`DeliveryError`] if the decision did not take effect, or (an I/O error) may not
-    /// have. An in-memory channel never returns one.
+    /// have. A channel without a log (`acked()`, not `durable`) never returns one.
     ///
     /// # Examples
     ///
@@ -448,7 +448,8 @@ impl<K: fmt::Debug, V: fmt::Debug> fmt::Debug for Delivery<K, V> {
 ///
 /// The decision is made when the method is called, not when the future is polled:
 /// dropping the future does not undo it. For `give_up`, the values come back only through
-/// the future: dropping it drops them. An in-memory channel resolves it at once. In Redis
+/// the future: dropping it drops them. A channel without a log resolves it at once, and a
+/// durable one once the decision is written to its log (see the `durable` module). In Redis
 /// the decision is sent by a task on the tokio runtime: should the runtime stop before
 /// that task runs (a `main` that returns at once), the decision never reaches the server,
 /// and the values go out again once their lease runs out, as for a process that dies.
@@ -539,9 +540,9 @@ impl<T> fmt::Debug for Decided<T> {
     }
 }
 
-/// Values that were retried more than the builder's `max_attempts` allows (in Redis, also
-/// values whose lease ran out on their last attempt): they left the queue and wait in the
-/// [`DeadLetters`] stream.
+/// Values whose delivery was retried, or dropped undecided, on its last attempt (the
+/// builder's `max_attempts`; in Redis, also values whose lease ran out on it): they left the
+/// queue and wait in the [`DeadLetters`] stream.
 ///
 /// # Examples
 ///
@@ -570,8 +571,8 @@ pub struct DeadLetter<K, V> {
     pub attempts: u32,
 }
 
-/// The stream of [`DeadLetter`]s: values retried more than `max_attempts` allows, taken
-/// from an acknowledging receiver with `dead_letters()`.
+/// The stream of [`DeadLetter`]s: values retried on their last attempt (`max_attempts`),
+/// taken from an acknowledging receiver with `dead_letters()`.
 ///
 /// In memory, dead letters waiting to be taken count toward the channel's `capacity` and
 /// `max_weight`: with either set, a dead-letter stream nobody reads shows up as

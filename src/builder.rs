@@ -137,7 +137,9 @@ impl<F, W> Builder<F, W> {
     /// Room returns as soon as a batch is taken. Requeued values count as pending but are
     /// always accepted, so the pending count can exceed `n`. In an acknowledging channel,
     /// values in flight count too until their delivery is decided, and dead letters until
-    /// they are taken (rule 3 of the acknowledging receivers).
+    /// they are taken (rule 3 of the acknowledging receivers). In a durable channel, a
+    /// `send` holds its room (and weight, for `max_weight`) from when its record is written
+    /// until it resolves; meanwhile its value is not in `len()` or `Stats::pending_values`.
     ///
     /// # Panics
     ///

@@ -48,7 +48,7 @@ pub struct Stats {
     pub oldest_pending: Option<Duration>,
     /// Values that went in from `send`, `try_send` and their kin; requeues are not counted
     /// here, nor a value sent through the inbox that was lost before it went in (see
-    /// `lost`).
+    /// `lost`), nor values a durable log gave back at open (see `log_recovered`).
     pub sent: u64,
     /// Values handed out in batches (including `drain_now`), requeued or retried ones again
     /// each time.
@@ -67,12 +67,13 @@ pub struct Stats {
     /// Acknowledging channels: values acknowledged.
     pub acked: u64,
     /// Acknowledging channels: values retried, by `retry`, `retry_after` or a delivery
-    /// dropped undecided, and put back in the queue.
+    /// dropped undecided, and put back in the queue. A retry that made dead letters counts
+    /// in `dead_lettered` instead, and one with no receiver left in `lost`.
     pub retried: u64,
     /// Acknowledging channels: values given up with `give_up`.
     pub given_up: u64,
-    /// Acknowledging channels: values sent to the dead letters, retried more than
-    /// `max_attempts` allows.
+    /// Acknowledging channels: values sent to the dead letters, retried (or dropped
+    /// undecided) on their last attempt (`max_attempts`).
     pub dead_lettered: u64,
     /// Acknowledging channels: dead-lettered values not yet taken. They count toward
     /// `capacity` and `max_weight`.
@@ -120,7 +121,8 @@ pub struct Stats {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Deliveries {
-    /// `timed`: the key's deadline passed (a requeued key is due at once, so it counts here).
+    /// `timed`: the key's deadline passed (a requeued key is due at once, so it counts here;
+    /// a retried one keeps the rank it went out with, and counts by its reason again).
     /// `ordered`: every delivery, since a key is due as soon as it is pending.
     pub due: u64,
     /// The key reached `max_values_per_key` or `max_key_weight` before its deadline.

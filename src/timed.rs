@@ -1466,8 +1466,8 @@ where
         self.inner.drain_deliveries()
     }
 
-    /// The stream of dead letters: values retried more than `max_attempts` allows. See
-    /// [`DeadLetters`].
+    /// The stream of dead letters: values retried on their last attempt (`max_attempts`).
+    /// See [`DeadLetters`].
     ///
     /// # Examples
     ///

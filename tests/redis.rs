@@ -849,6 +849,35 @@ mod redis_only {
 
     use super::*;
 
+    /// `entered` is the server's time in whole milliseconds, as a local `Instant`: off by
+    /// up to the pull's round trip and a millisecond. The value entered between the start
+    /// of its `send` and its return; the whole `recv` stands in for the round trip.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn entered_is_off_by_the_round_trip_and_a_millisecond() {
+        let Some(server) = RedisServer::start() else {
+            return;
+        };
+        let queue = redis::Builder::new(server.url(), "entered", ms(5));
+        let tx = queue.sender::<Key, Value>().await.unwrap();
+        let mut rx = Rx::Redis(queue.receiver().await.unwrap());
+        let mut off = Vec::new();
+        for key in 0..40 {
+            let before = Instant::now();
+            tx.send(key, 0).await.unwrap();
+            let after = Instant::now();
+            sleep(ms(20)).await;
+            let pull = Instant::now();
+            let batch = next_batch(&mut rx).await;
+            let allowed = pull.elapsed() + ms(1);
+            let entered = batch[0].entered().into_std();
+            ack_each(batch).await;
+            if entered + allowed < before || entered > after + allowed {
+                off.push((key, entered.checked_duration_since(after), allowed));
+            }
+        }
+        assert!(off.is_empty(), "entered outside its bounds: {off:?}");
+    }
+
     /// Two receivers of one queue, each from its own `receiver()`, share the work: each
     /// value goes to exactly one of them, and each key's values stay in order.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

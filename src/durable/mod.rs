@@ -67,10 +67,12 @@
 //! written in the order values get room, which is the order of the `send` calls but where a
 //! limit lets a later one past (with `max_keys`, a value for a pending key goes past sends
 //! that wait for a key slot); the live channel puts a value in when its `send` resolves, so
-//! values of one key whose sends were in flight at once, from different tasks, may have
-//! gone out in another order before the restart. A `timed` value's deadline is rebuilt from
-//! its wall-clock arrival: one whose deadline passed while the process was down is due at
-//! once; a `retry_after` delay is not kept. Values dropped with the last receiver (pending
+//! values of one key whose sends were in flight at once (from different tasks, or a `send`
+//! still waiting for its record beside a `try_send` of the same key) may have gone out in
+//! another order before the restart. A `timed` value's deadline is rebuilt from its
+//! wall-clock arrival and the window of the builder that reopens the log (a `send_by`
+//! deadline is kept, but no later than that): one whose deadline passed while the process
+//! was down is due at once; a `retry_after` delay is not kept. Values dropped with the last receiver (pending
 //! ones, dead letters not taken, and deliveries retried or dropped after it) were never
 //! acknowledged, so they come back too: a dead letter that was not taken comes back
 //! pending, not as a dead letter, and a delivery that starts with it has attempt

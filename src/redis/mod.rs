@@ -28,11 +28,11 @@
 //!
 //! | | in memory (`timed::Builder::acked`) | Redis |
 //! |---|---|---|
-//! | time | tokio's clock, to the tick | the Redis server's clock, to the millisecond: deadlines are rounded up, so nothing is early; the machines' clocks do not matter, and [`entered`](crate::ack::Delivery::entered) is the server's time turned into a local `Instant`, off by up to the pull's round trip |
+//! | time | tokio's clock, to the tick | the Redis server's clock, to the millisecond: deadlines are rounded up, so nothing is early; the machines' clocks do not matter (the handles' own timeouts and waits are tokio timers, which need tokio's clock running, not paused), and [`entered`](crate::ack::Delivery::entered) is the server's time, kept in whole milliseconds, turned into a local `Instant`: off by up to the pull's round trip and a millisecond |
 //! | close | when every sender is gone, or `close()` | only an explicit [`Sender::close`] or [`Receiver::close`], and for good: the queue's name stays closed (unless its data is deleted or lost, when the next handle creates it afresh, open) |
 //! | no receiver | sends fail once every receiver is gone | sends succeed: values wait in Redis for a receiver to come |
 //! | delivery | exactly once | at least once: a delivery whose lease runs out (its holder died or stalled) goes out again with `attempt + 1` once a receiver's pull reclaims the lease (on its last attempt, to the dead letters instead), and a decision made after that fails with [`LeaseLost`]; a `recv` dropped before it returns also costs its batch an attempt, and so does a decision (or a delivery dropped undecided) that a task on the runtime has not yet sent when the runtime stops |
-//! | order | per key, and by deadline across keys | per key; by deadline within a shard, then by arrival, told by the shard's run counter modulo 4,096: of runs due in the same millisecond, one may come before an earlier one when the counter wraps between them (once every 4,096 runs); best effort across [`shards`](Builder::shards) |
+//! | order | per key, and by deadline across keys | per key; by deadline within a shard, then by arrival, told by the shard's run counter modulo 4,096: of runs due in the same millisecond, one may come before an earlier one when the counter wraps between them (it counts each run started, each `send_by` that may lower a deadline, and each first value sent while its key is in flight); best effort across [`shards`](Builder::shards) |
 //! | a full queue | a waiting `send` has its place in line | a waiting `send` retries with a backoff of up to 50 ms, in no fixed order; `capacity` counts per shard |
 //! | dead letters | count toward `capacity` | kept in Redis, outside `capacity`, until a stream takes them; fetched one a shard at a time while a task awaits the stream, and [`DeadLetters::try_recv`](crate::ack::DeadLetters::try_recv) sees only those fetched (a call that finds none starts a fetch); a letter fetched into a process that dies before handing it out, or whose runtime stops before the task that puts it back runs, is lost |
 //! | undecodable values | cannot happen | the delivery goes to [`Receiver::take_undecodable`] with its reason |
@@ -43,7 +43,8 @@
 //! A queue named `q` lives under the hash tag `{q}` (`{q:0}`, `{q:1}`, … for its shards): a
 //! LIST of values per key, a sorted set of the keys that wait, ordered by deadline and then
 //! by arrival, a sorted set of the keys a `retry_after` holds, and the leases of the
-//! deliveries in flight. The client is a single-node client: Redis Cluster is not
+//! deliveries in flight. It needs Redis 6.2 or later (the scripts use `ZADD … LT` and
+//! `LPOP` with a count). The client is a single-node client: Redis Cluster is not
 //! supported, though the hash tags keep each shard in one slot. Every change to a key's
 //! values or state is one Lua script, which reads the server's `TIME`. A waiting receiver
 //! sleeps on a tokio timer set to the next deadline or lease expiry the server reported,
@@ -51,7 +52,8 @@
 //! send sets the marker when it moves the first deadline earlier, a `retry_after` when its
 //! delay is the first to end, and a receiver that takes a batch sets it when more waits, so
 //! that another receiver learns of it. One marker wakes one receiver; since a marker can be
-//! lost with a connection, a waiting receiver also looks once a second.
+//! lost with a connection, or with a receiver dropped as it pops one, a waiting receiver
+//! also looks once a second.
 //!
 //! A pull is one script too, and is kept short, since a script holds the server: it
 //! reclaims at most 100 leases that ran out, moves at most 1,000 keys whose retry delay is

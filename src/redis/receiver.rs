@@ -134,7 +134,9 @@ where
 
     /// Waits for the next batch: the due keys, at most `max_batch` values and 10,000 keys in
     /// all, each key as a [`Delivery`]. `Ok(None)` once the queue is closed and empty,
-    /// nothing in flight.
+    /// nothing in flight. A batch holds the keys of one shard. Each look at the queue goes
+    /// through the shards in turn, starting one shard further on than the look before it (on
+    /// this receiver or a clone), and hands out the keys due in the first shard that has any.
     ///
     /// # Errors
     ///
