@@ -939,12 +939,11 @@ where
         state.arrivals.extend(arrival);
         state.counts.sent += 1;
         let spare = (inserted.spare_key.take(), inserted.spare_rank.take());
-        if inserted.panic.is_some() {
+        if let Some(panic) = inserted.panic.take() {
             // Another sort key's `Ord` panicked after the value went in: it is pending and
             // counted, and the spare key and rank drop after the lock.
             state.spares.push(spare);
-            inserted.resume();
-            unreachable!("resumed the panic");
+            panic::resume_unwind(panic);
         }
         (spare, inserted.leads)
     }
@@ -1458,7 +1457,7 @@ where
             return Err(SendError(item.into_parts()));
         }
         let item = held.release(&mut guard);
-        let held_key = item.key_hold != KeyHold::None;
+        let held_key = item.key_hold == KeyHold::Slot;
         if durable.is_err() {
             // `Sender::log_error` says why. The record may have reached the disk even so
             // (a failed sync says nothing about what was written): the value may come back
@@ -1470,8 +1469,7 @@ where
         }
         chan.insert_item(&mut guard, item);
         if held_key {
-            // Its key may have been pending already, or it may have been another's rider
-            // too, so a slot may have come free.
+            // Its key may have been pending already, so a slot may have come free.
             chan.serve(&mut guard);
         }
         Ok(())

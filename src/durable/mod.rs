@@ -72,12 +72,12 @@
 //! another order before the restart. A `timed` value's deadline is rebuilt from its
 //! wall-clock arrival and the window of the builder that reopens the log (a `send_by`
 //! deadline is kept, but no later than that): one whose deadline passed while the process
-//! was down is due at once; a `retry_after` delay is not kept. Values dropped with the last receiver (pending
-//! ones, dead letters not taken, and deliveries retried or dropped after it) were never
-//! acknowledged, so they come back too: a dead letter that was not taken comes back
-//! pending, not as a dead letter, and a delivery that starts with it has attempt
-//! `max_attempts + 1` (one whose record was written after an older value's of its key
-//! comes back behind that value, and a delivery's attempt is its first value's).
+//! was down is due at once; a `retry_after` delay is not kept. Values dropped with the last
+//! receiver (pending ones, dead letters not taken, and deliveries retried or dropped after
+//! it) were never acknowledged, so they come back too: a dead letter that was not taken
+//! comes back pending, not as a dead letter, and a delivery that starts with it has attempt
+//! `max_attempts + 1` (one whose record was written after an older value's of its key comes
+//! back behind that value, and a delivery's attempt is its first value's).
 //!
 //! - The directory is locked: a second `open` fails with [`OpenError::Locked`] until the
 //!   channel's every handle is gone (senders, receivers, deliveries, decision futures and
