@@ -84,7 +84,7 @@
 //! when a key comes to the front of the queue (its deadline moves earlier than the
 //! earliest, as when a key is due at once, or level with it for a key whose run is older),
 //! or when the channel closes, so a receiver waiting on a quiet channel is not woken at
-//! all.
+//! all. A key whose deadline is never reached (see *When a key is due*) wakes no one.
 //!
 //! A channel with an inbox (see *Panics in user code*) adds one wake: after a waiting
 //! receiver stops waiting without taking a batch (its `recv` dropped, say), the next send

@@ -67,6 +67,10 @@ impl<S> Flavor for SortKeys<S> {
         None
     }
 
+    fn comes_due(_: &S) -> bool {
+        true
+    }
+
     fn retried(sort_key: S, _: u64) -> S {
         sort_key
     }

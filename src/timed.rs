@@ -176,6 +176,10 @@ impl Flavor for Deadlines {
         (deadline.at() != Deadline::NEVER).then_some(deadline.at())
     }
 
+    fn comes_due(deadline: &Deadline) -> bool {
+        deadline.at() != Deadline::NEVER
+    }
+
     fn retried(_: Deadline, now: u64) -> Deadline {
         Deadline::new(now, Reason::Deadline)
     }

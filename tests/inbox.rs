@@ -337,3 +337,17 @@ fn many_producers_keep_order() {
         assert_eq!(count, PRODUCERS * EACH);
     });
 }
+
+/// A value whose deadline is never reached wakes no one when it is taken in from the inbox
+/// either, by whichever call takes the lock next.
+#[tokio::test(start_paused = true)]
+async fn taking_in_a_value_that_never_comes_due_wakes_no_one() {
+    inbox_always();
+    let two_centuries = Duration::from_secs(200 * 365 * 24 * 3600);
+    let (tx, mut rx) = timed::channel::<u32, u32>(two_centuries);
+    let mut recv = spawn(rx.recv());
+    assert_pending!(recv.poll());
+    tx.try_send(1, 1).unwrap();
+    assert_eq!(tx.stats().pending_values, 1); // takes it in
+    assert!(!recv.is_woken(), "woken for a value that never comes due");
+}

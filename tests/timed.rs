@@ -938,3 +938,18 @@ fn zero_max_values_per_key_panics() {
 fn zero_capacity_panics() {
     let _ = Builder::new(WINDOW).capacity(0);
 }
+
+/// A value whose deadline is never reached moves no deadline: sent into an empty channel,
+/// it does not wake a waiting receiver.
+#[tokio::test(start_paused = true)]
+async fn a_send_that_never_comes_due_wakes_no_one() {
+    let two_centuries = Duration::from_secs(200 * 365 * 24 * 3600);
+    let (tx, mut rx) = timed::channel::<u32, u32>(two_centuries);
+    let mut recv = task::spawn(rx.recv());
+    assert_pending!(recv.poll());
+    tx.try_send(1, 1).unwrap();
+    assert!(!recv.is_woken(), "woken for a value that never comes due");
+    // A value that does come due still wakes it.
+    tx.try_send_by(2, 2, Instant::now() + secs(1)).unwrap();
+    assert!(recv.is_woken());
+}

@@ -733,6 +733,9 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
         K: Hash + Eq + Clone,
         F::Rank: Ord + Clone,
     {
+        // A key that leads with a deadline never reached wakes no one: it moves no deadline
+        // a receiver could sleep until. Whenever the key leads, its rank is the one made here.
+        let mut comes_due = true;
         let rank = |current: Option<&F::Rank>, values, weight| {
             let joining = Joining {
                 current,
@@ -741,9 +744,13 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
                 config: &self.config,
                 clock,
             };
-            F::rank(input, joining)
+            let rank = F::rank(input, joining);
+            comes_due = rank.as_ref().is_none_or(F::comes_due);
+            rank
         };
-        queue.insert(hash, key, items, rank, F::USER_ORD)
+        let mut inserted = queue.insert(hash, key, items, rank, F::USER_ORD);
+        inserted.leads &= comes_due;
+        inserted
     }
 
     /// The rank `input` gives a key on its own (a flush, a requeue), and the time now;
