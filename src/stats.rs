@@ -121,8 +121,10 @@ pub struct Stats {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Deliveries {
-    /// `timed`: the key's deadline passed (a requeued key is due at once, so it counts here;
-    /// a retried one keeps the rank it went out with, and counts by its reason again).
+    /// `timed`: the key's deadline passed (a requeued key is due at once, so it counts here,
+    /// unless it was pending and due already for another reason: the first reason counts;
+    /// a retried one is due when its retry delay ends, and counts by the reason it went out
+    /// with, as does one that a `retry_after` holds when the channel closes).
     /// `ordered`: every delivery, since a key is due as soon as it is pending.
     pub due: u64,
     /// The key reached `max_values_per_key` or `max_key_weight` before its deadline.

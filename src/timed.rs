@@ -180,8 +180,10 @@ impl Flavor for Deadlines {
         deadline.at() != Deadline::NEVER
     }
 
-    fn retried(_: Deadline, now: u64) -> Deadline {
-        Deadline::new(now, Reason::Deadline)
+    fn retried(deadline: Deadline, now: u64) -> Deadline {
+        // Due now, and counted again by why it first came due (`Deliveries`), whether or not
+        // values came for the key while it was out.
+        Deadline::new(now, deadline.reason())
     }
 
     fn due_alone(due: &Due, arrival: u64, epoch: Instant, config: &Config) -> u64 {

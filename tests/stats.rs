@@ -500,3 +500,28 @@ async fn sent_counts_every_send_kind() {
     let stats = tx.stats();
     assert_eq!((stats.sent, stats.pending_values), (6, 6));
 }
+
+/// A retried key counts again by the reason it first came due for, whether or not values
+/// came for it while it was out: a flushed key as `flush`, a full one as `full_key`.
+#[tokio::test(start_paused = true)]
+async fn a_retried_key_counts_by_its_first_reason_with_newer_values() {
+    let (tx, mut rx) = timed::Builder::new(secs(60)).acked();
+    tx.send("k", 1).await.unwrap();
+    tx.flush(&"k");
+    let delivery = rx.try_recv().unwrap().remove(0);
+    tx.send("k", 2).await.unwrap(); // waits behind the delivery in flight
+    delivery.retry().await.unwrap();
+    assert_eq!(rx.try_recv().unwrap()[0].values(), [1, 2]);
+    let by = rx.stats().delivered_by;
+    assert_eq!((by.flush, by.due, by.full_key), (2, 0, 0));
+
+    let (tx, mut rx) = timed::Builder::new(secs(60)).max_values_per_key(2).acked();
+    tx.send("k", 1).await.unwrap();
+    tx.send("k", 2).await.unwrap(); // full: due at once
+    let delivery = rx.try_recv().unwrap().remove(0);
+    tx.send("k", 3).await.unwrap();
+    delivery.retry().await.unwrap();
+    assert_eq!(rx.try_recv().unwrap()[0].values(), [1, 2, 3]);
+    let by = rx.stats().delivered_by;
+    assert_eq!((by.full_key, by.due, by.flush), (2, 0, 0));
+}
