@@ -74,9 +74,10 @@ impl<F, W> Builder<F, W> {
     /// Caps the number of values in one batch.
     ///
     /// A key with more values than the room left in a batch is split: its oldest values fill
-    /// the batch, and the rest keep the key's rank, so they lead the next batch unless a key
-    /// of smaller rank has come due meanwhile. In an acknowledging channel the rest wait
-    /// until the first part's delivery is decided.
+    /// the batch, and the rest keep the key's rank and run, so they lead the next batch unless
+    /// a key that ranks before them has come due meanwhile (a smaller rank, or an equal one
+    /// whose run started earlier). In an acknowledging channel the rest wait until the first
+    /// part's delivery is decided.
     ///
     /// # Panics
     ///
@@ -199,9 +200,9 @@ impl<F, W> Builder<F, W> {
     /// delivery is decided, and values for it go in (rule 3 of the acknowledging receivers).
     /// In a durable channel, a `send` for a key that is not pending takes a key slot when its
     /// record is written, and holds it while the record becomes durable, before its value
-    /// goes in; a second `send` of that key meanwhile needs a slot of its own. A `send` for
-    /// a pending key keeps that key's slot taken until its value goes in, even if the key is
-    /// delivered and decided meanwhile.
+    /// goes in; a second `send` of that key meanwhile needs a slot of its own. A durable
+    /// `send` for a pending key keeps that key's slot taken until its value goes in, even if
+    /// the key is delivered and decided meanwhile.
     ///
     /// # Panics
     ///

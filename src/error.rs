@@ -5,8 +5,9 @@
 use std::error::Error;
 use std::fmt;
 
-/// The channel is closed: returned by `send`, `blocking_send` and `requeue`. For `send`
-/// and `blocking_send`, also when this sender was closed as a `Sink`.
+/// The channel is closed: returned by `send` and `blocking_send` once the channel is closed
+/// (or this sender was closed as a `Sink`), and by `requeue` once a receiver has seen the
+/// end of the stream.
 ///
 /// The value that could not be sent is inside, and [`into_inner`](Self::into_inner) hands it
 /// back.
@@ -51,7 +52,9 @@ pub struct SendError<T>(pub T);
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum TrySendError<T> {
     /// The channel has no room for the value now: a limit (`capacity`, `max_weight`,
-    /// `max_keys`) is reached, or earlier `send` calls are still waiting for room.
+    /// `max_keys`) is reached, or earlier `send` or `blocking_send` calls wait for room, or
+    /// (with `max_keys`) an earlier send of the same key waits for a key slot. A value held
+    /// by a `Sink` does not count.
     Full(T),
     /// The channel is closed, or this sender was closed as a `Sink`.
     Closed(T),

@@ -44,7 +44,8 @@
 //!
 //! # When a key is due
 //!
-//! - **`timed`**: a key's deadline is the smallest deadline among its pending values. `send`
+//! - **`timed`**: a key's deadline is the smallest deadline among its pending values (but
+//!   for the rest of a key that a batch split, which keeps the key's deadline: below). `send`
 //!   gives a value the deadline `now + window`, taken when the value enters the channel (after
 //!   any wait for room). `send_by(key, value, by)` gives it the earlier of `by` and
 //!   `now + window`: "by" means "at the latest", so no value's deadline is later than
@@ -61,13 +62,19 @@
 //! # What a batch holds
 //!
 //! - Due keys in rank order (earliest deadline, or smallest sort key). Ties go to the key
-//!   whose current run of pending values started first. A key that empties and fills again
-//!   counts as a new arrival.
+//!   whose current run of pending values started first. A run starts when a key with
+//!   nothing pending gets a value, by a send or a `requeue`, so a key that empties and
+//!   fills again counts as a new arrival; values put back in front of a pending key join
+//!   its run. In an acknowledging channel a retried key's run is the one it went out in,
+//!   unless values came for it while it was out: then it is theirs.
 //! - Each key with all of its pending values, in the order they were sent: the order they
-//!   went in (in a durable channel, the order their `send` calls resolved).
+//!   went in (in a durable channel, the order their `send` calls resolved; a value held by
+//!   a `Sink` goes in when the sink next sends it), but for values handed back with
+//!   `requeue`, which go in front.
 //! - At most `max_batch` values in all. A key with more values than the room left is split:
 //!   the rest keep its rank (in `ordered`, lowered by any smaller sort key sent for it since)
-//!   and lead the next batch, unless a key of smaller rank has come due meanwhile. In an
+//!   and its run, and lead the next batch unless a key that ranks before them (one of
+//!   smaller rank, or of equal rank whose run started earlier) has come due meanwhile. In an
 //!   acknowledging channel the rest wait until the first part's delivery is decided.
 //! - Never nothing: a batch is never empty.
 //!
@@ -139,6 +146,8 @@
 //! # Flushing, draining and watching
 //!
 //! - `timed::Sender::flush(&key)` makes one key due at once; `flush_all()` every pending key.
+//!   Keys not yet due then tie at now, and come out in the order their runs started (a
+//!   close, by contrast, keeps each key's deadline order).
 //! - `Receiver::drain_now()` takes everything pending at once, split by the caps: for
 //!   shutdown paths that cannot wait.
 //! - `stats()` on any sender or receiver of an in-memory or durable channel returns a
@@ -155,8 +164,9 @@
 //! # Failed deliveries
 //!
 //! A consumer whose delivery failed hands the batch back with `requeue`. The values go in
-//! front of the key's newer values; in `timed` the key is due at once, in `ordered` it ranks
-//! by the smaller of its sort key and the one given.
+//! front of every pending value of the key, those handed back before included (hand several
+//! failed parts of a key back newest first); in `timed` the key is due at once, in
+//! `ordered` it ranks by the smaller of its sort key and the one given.
 //!
 //! # Acknowledged deliveries
 //!

@@ -345,7 +345,8 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
         self.inner.try_send(sort_key, key, value)
     }
 
-    /// Sends a value from a plain thread, blocking it while the channel is full.
+    /// Sends a value from a plain thread, blocking it while it waits for room or a key slot,
+    /// as `send` does.
     ///
     /// It needs no runtime, and works on `spawn_blocking` threads.
     ///
@@ -376,8 +377,9 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
 
 impl<S, K, V> Sender<S, K, V> {
     /// Whether this sender can no longer send: the channel is closed (by
-    /// [`Receiver::close`], the last sender going, or every receiver going), or this handle
-    /// was closed as a `Sink` with `poll_close`. Sends then fail.
+    /// [`Receiver::close`], every receiver going, or the last sender going, which only a
+    /// handle closed as a `Sink` outlives), or this handle was closed as a `Sink` with
+    /// `poll_close`. Sends then fail.
     ///
     /// # Examples
     ///
@@ -508,11 +510,12 @@ impl<S, K, V> Sender<S, K, V> {
 
 /// Sends `(sort_key, key, value)` triples, so that `stream.map(Ok).forward(tx)` works.
 ///
-/// `start_send` takes a value, and `poll_ready` or `poll_flush` sends it, waiting for room as
-/// [`Sender::send`] does, without busy-looping. `poll_close` sends it too, then disconnects
+/// `start_send` takes a value, and `poll_ready` or `poll_flush` sends it, waiting for room
+/// without busy-looping, but with no place in the line of waiting sends (see below). `poll_close` sends it too, then disconnects
 /// this handle: the handle stops counting as a sender (if it was the last one, the channel
-/// closes and the stream ends), and it refuses later sends. A clone of a handle closed this
-/// way is closed too, and does not count as a sender either.
+/// closes and the stream ends), and it refuses later sends. A clone made from a handle
+/// after it was closed this way is closed too, and does not count as a sender either;
+/// clones made before are senders of their own.
 ///
 /// # Errors
 ///
@@ -592,7 +595,8 @@ impl<S, K, V> fmt::Debug for Sender<S, K, V> {
 /// Receives batches from an `ordered` channel.
 ///
 /// It is a [`Stream`] of batches, each holding the best-ranked keys (ties go to the key whose
-/// pending values started first), each with its values in the order they were sent. The
+/// current run of pending values started first: see *What a batch holds* in the crate
+/// docs), each with its values in the order they were sent. The
 /// stream ends once the channel is closed and drained, and is fused: it then stays ended.
 ///
 /// # Cloned receivers
@@ -699,8 +703,9 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
 
     /// Hands back values whose delivery failed, so they are delivered again.
     ///
-    /// The values go in front of any newer values of the key, and the key's rank becomes the
-    /// smaller of its rank and `sort_key`. A requeue always has room: it may take the pending
+    /// The values go in front of every pending value of the key, those handed back before
+    /// included (to keep several failed parts of a key in order, hand them back newest
+    /// first), and the key's rank becomes the smaller of its rank and `sort_key`. A requeue always has room: it may take the pending
     /// count past the capacity.
     ///
     /// # Errors
@@ -885,7 +890,7 @@ impl<S, K, V> fmt::Debug for Receiver<S, K, V> {
 /// Batches come out as from a [`Receiver`]: the best-ranked keys, under the same caps. But
 /// each key comes as a [`Delivery`] to decide, and its newer values wait until it is: the
 /// rules are those of [`timed::AckReceiver`](crate::timed::AckReceiver#rules). A retried key
-/// ranks by the smaller of the sort key it went out with and those of its newer values;
+/// ranks by the smaller of the rank it went out with and the sort keys of its newer values;
 /// `retry_after` holds it for its delay (but for a key that cannot be held: see *Panics in
 /// user code* in the crate docs).
 ///

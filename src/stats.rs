@@ -59,7 +59,9 @@ pub struct Stats {
     pub delivered_by: Deliveries,
     /// Values handed back with `requeue`.
     pub requeued: u64,
-    /// Acknowledging channels: keys delivered and not yet decided.
+    /// Acknowledging channels: deliveries (key-batches) handed out and not yet decided: one
+    /// a key, but for a key that cannot be held (see *Panics in user code* in the crate
+    /// docs), which may have several out.
     pub in_flight_keys: usize,
     /// Acknowledging channels: values delivered and not yet decided. They count toward
     /// `capacity` and `max_weight` until decided.
@@ -99,8 +101,8 @@ pub struct Stats {
     /// Durable channels: bytes cut off the log when it opened: a torn record at its end,
     /// or, with `salvage`, everything from the first bad record on.
     pub log_truncated_bytes: u64,
-    /// Senders that keep the channel open: live handles, except those closed as a `Sink` and
-    /// their clones.
+    /// Live sender handles, except those closed as a `Sink` and the clones made from them
+    /// after; counted even once the channel is closed.
     pub senders: usize,
     /// Live receivers (`Receiver` and `AckReceiver` handles; dead-letter streams and
     /// deliveries are not counted).

@@ -650,7 +650,8 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
         sent.map_err(|err| err.map(without_due))
     }
 
-    /// Sends a value from a plain thread, blocking it while the channel is full.
+    /// Sends a value from a plain thread, blocking it while it waits for room or a key slot,
+    /// as `send` does.
     ///
     /// It needs no runtime, and works on `spawn_blocking` threads.
     ///
@@ -682,7 +683,8 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
 
     /// Makes `key` due at once, if it has pending values. A key held by
     /// [`Delivery::retry_after`](crate::ack::Delivery::retry_after) still waits out its
-    /// delay, and a key in flight in an acknowledging channel waits for its decision.
+    /// delay, and a key in flight in an acknowledging channel waits for its decision (its
+    /// newer values are due at once after it).
     ///
     /// # Examples
     ///
@@ -723,8 +725,9 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
 
 impl<K, V> Sender<K, V> {
     /// Whether this sender can no longer send: the channel is closed (by
-    /// [`Receiver::close`], the last sender going, or every receiver going), or this handle
-    /// was closed as a `Sink` with `poll_close`. Sends then fail.
+    /// [`Receiver::close`], every receiver going, or the last sender going, which only a
+    /// handle closed as a `Sink` outlives), or this handle was closed as a `Sink` with
+    /// `poll_close`. Sends then fail.
     ///
     /// # Examples
     ///
@@ -862,11 +865,12 @@ impl<K, V> Sender<K, V> {
 
 /// Sends `(key, value)` pairs, so that `stream.map(Ok).forward(tx)` works.
 ///
-/// `start_send` takes a value, and `poll_ready` or `poll_flush` sends it, waiting for room as
-/// [`Sender::send`] does, without busy-looping. `poll_close` sends it too, then disconnects
+/// `start_send` takes a value, and `poll_ready` or `poll_flush` sends it, waiting for room
+/// without busy-looping, but with no place in the line of waiting sends (see below). `poll_close` sends it too, then disconnects
 /// this handle: the handle stops counting as a sender (if it was the last one, the channel
-/// closes and the stream ends), and it refuses later sends. A clone of a handle closed this
-/// way is closed too, and does not count as a sender either.
+/// closes and the stream ends), and it refuses later sends. A clone made from a handle
+/// after it was closed this way is closed too, and does not count as a sender either;
+/// clones made before are senders of their own.
 ///
 /// # Errors
 ///
@@ -1075,8 +1079,10 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
 
     /// Hands back values whose delivery failed, so they are delivered again.
     ///
-    /// The values go in front of any newer values of the key, and the key is due at once. A
-    /// requeue always has room: it may take the pending count past the capacity.
+    /// The values go in front of every pending value of the key, those handed back before
+    /// included (to keep several failed parts of a key in order, hand them back newest
+    /// first), and the key is due at once. A requeue always has room: it may take the
+    /// pending count past the capacity.
     ///
     /// # Errors
     ///

@@ -889,6 +889,23 @@ fn spare_key_of_a_send_that_panics_after_it_went_in_is_dropped_outside_the_lock(
     });
 }
 
+/// A key that cannot be held may have two deliveries out at once: `in_flight_keys` counts
+/// deliveries, so it counts that key twice.
+#[test]
+fn an_unheld_key_counts_each_delivery_in_flight() {
+    let (tx, mut rx) = ordered::Builder::new().acked::<u8, Touchy, u32>();
+    tx.try_send(0, Touchy(7), 1).unwrap();
+    arm(7, &[What::Clone]);
+    assert!(panics(|| rx.try_recv()));
+    let first = rx.try_recv().unwrap().remove(0); // whole, and not held
+    disarm();
+    tx.try_send(0, Touchy(7), 2).unwrap();
+    let second = rx.try_recv().unwrap().remove(0); // out while the first is
+    assert_eq!((first.key(), second.key()), (&Touchy(7), &Touchy(7)));
+    let stats = rx.stats();
+    assert_eq!((stats.in_flight_values, stats.in_flight_keys), (2, 2));
+}
+
 /// A send whose value goes in before another sort key's `Ord` panics is counted as sent,
 /// and its key's run as pending, as the same panic is through the inbox.
 #[test]

@@ -299,3 +299,40 @@ async fn split_rest_keeps_the_rank_of_its_key() {
         ]
     );
 }
+
+/// The rest of a split key keeps its rank and run: a key that reaches an equal rank leads
+/// the next batch if its run started earlier, and waits behind the rest if it started later.
+#[test]
+fn split_rest_goes_behind_an_equal_rank_of_an_older_run() {
+    let (tx, mut rx) = Builder::new().max_batch(2).build();
+    tx.try_send(5, "older", 1).unwrap();
+    for v in 10..14 {
+        tx.try_send(1, "split", v).unwrap();
+    }
+    assert_eq!(rx.try_recv(), Ok(vec![("split", vec![10, 11])]));
+    tx.try_send(1, "newer", 20).unwrap();
+    tx.try_send(1, "older", 2).unwrap(); // now level with the rest, and older
+    assert_eq!(rx.try_recv(), Ok(vec![("older", vec![1, 2])]));
+    assert_eq!(rx.try_recv(), Ok(vec![("split", vec![12, 13])]));
+    assert_eq!(rx.try_recv(), Ok(vec![("newer", vec![20])]));
+}
+
+/// A retried key's run is the one it went out in, unless values came for it while it was
+/// out: then it is theirs, and a key of equal rank that came between goes first.
+#[tokio::test]
+async fn a_retried_keys_run_is_that_of_values_sent_while_it_was_out() {
+    let order = |sent_while_out: bool| async move {
+        let (tx, mut rx) = Builder::new().acked();
+        tx.send(1, "a", 1).await.unwrap();
+        let delivery = rx.recv().await.unwrap().remove(0);
+        tx.send(1, "c", 3).await.unwrap();
+        if sent_while_out {
+            tx.send(9, "a", 4).await.unwrap(); // does not lower the rank
+        }
+        delivery.retry().await.unwrap();
+        let batch = rx.recv().await.unwrap();
+        batch.iter().map(|d| *d.key()).collect::<Vec<_>>()
+    };
+    assert_eq!(order(false).await, ["a", "c"]);
+    assert_eq!(order(true).await, ["c", "a"]);
+}

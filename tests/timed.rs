@@ -939,6 +939,33 @@ fn zero_capacity_panics() {
     let _ = Builder::new(WINDOW).capacity(0);
 }
 
+/// A requeue goes in front of every pending value of its key, those handed back before
+/// included: two failed parts of a split key keep their order when handed back newest
+/// first, and swap when handed back as they came out.
+#[tokio::test(start_paused = true)]
+async fn requeues_go_in_front_of_earlier_requeues() {
+    let order = |newest_first: bool| async move {
+        let (tx, mut rx) = Builder::new(secs(10)).max_batch(2).build();
+        for v in 1..=3u32 {
+            tx.send("a", v).await.unwrap();
+        }
+        advance(secs(10)).await;
+        let mut parts = vec![rx.try_recv().unwrap(), rx.try_recv().unwrap()];
+        assert_eq!(parts, [vec![("a", vec![1, 2])], vec![("a", vec![3])]]);
+        tx.send("a", 4).await.unwrap();
+        if newest_first {
+            parts.reverse();
+        }
+        for (key, values) in parts.into_iter().flatten() {
+            rx.requeue(key, values).unwrap();
+        }
+        let drained = rx.drain_now().into_iter().flatten();
+        drained.flat_map(|(_, values)| values).collect::<Vec<_>>()
+    };
+    assert_eq!(order(true).await, [1, 2, 3, 4]);
+    assert_eq!(order(false).await, [3, 1, 2, 4]);
+}
+
 /// A value whose deadline is never reached moves no deadline: sent into an empty channel,
 /// it does not wake a waiting receiver.
 #[tokio::test(start_paused = true)]
