@@ -230,8 +230,9 @@ impl Error for TryRecvError {}
 #[non_exhaustive]
 pub enum DeliveryError {
     /// The delivery's lease ran out before the decision arrived: its values went back into
-    /// the queue, for any receiver, or on their last attempt to the dead letters. Only a
-    /// channel whose deliveries are leased (Redis) returns it.
+    /// the queue, for any receiver, or on their last attempt to the dead letters; or the
+    /// queue's data was lost or rolled back with the server. Only a channel whose deliveries
+    /// are leased (Redis) returns it.
     LeaseLost,
     /// The decision may not have been recorded: written to a durable channel's log, or sent
     /// to the Redis server (where a reply lost on the way back leaves it unknown). Only

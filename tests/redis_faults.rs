@@ -305,6 +305,54 @@ async fn a_delivery_from_before_the_data_went_decides_nothing_new() {
     assert_eq!(rx.len().await.unwrap(), 0);
 }
 
+/// A server restarted from an older snapshot (RDB, or an AOF with `everysec`) rolls the
+/// queue back, its delivery count included. A delivery held from before the restart decides
+/// nothing of the new delivery of its key: its ack is `LeaseLost`. Ids held only the count
+/// and the queue's epoch, so it used to acknowledge the new delivery, and the value sent
+/// after the restart went with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_from_before_a_rollback_decides_nothing_new() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let queue = builder(&server, "rollback", ms(10));
+    let tx: Sender<u32, u32> = queue.sender().await.unwrap();
+    let mut a: Receiver<u32, u32> = queue.receiver().await.unwrap();
+    tx.send(7, 1).await.unwrap();
+    // The snapshot: key 7 waits with [1]; no delivery yet.
+    assert_eq!(server.command(&["SAVE"]), "+OK\r\n");
+    let old = step("the first recv", a.recv()).await.unwrap().unwrap();
+    assert_eq!(old[0].values(), [1]);
+
+    // The server comes back from the snapshot.
+    server.restart();
+    let (sent, _) = past_reconnect("the old sender", || async {
+        tx.send(7, 2).await.map_err(|e| failure(e, &(7, 2)))
+    })
+    .await;
+    sent.unwrap();
+    let mut b: Receiver<u32, u32> = queue.receiver().await.unwrap();
+    let new = step("the recv after the restart", b.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(new[0].values(), [1, 2]);
+
+    // The stale holder's connection is back too.
+    past_reconnect("the old receiver", || a.len())
+        .await
+        .0
+        .unwrap();
+    let old_ack = step("the stale ack", ack::ack_all(old)).await;
+    let new_ack = step("the new ack", ack::ack_all(new)).await;
+    let left = b.len().await.unwrap();
+    assert!(
+        matches!(old_ack, Err(DeliveryError::LeaseLost)) && new_ack.is_ok(),
+        "stale ack {old_ack:?}, new ack {new_ack:?}, {left} values left"
+    );
+    assert_eq!(left, 0);
+}
+
 // ===== bad addresses =====
 
 #[tokio::test]

@@ -67,7 +67,9 @@
 //!
 //! What survives a Redis restart is what Redis persists: with `appendonly yes` and
 //! `appendfsync always`, no value whose `send` returned is lost (dead letters fetched into
-//! a process aside, as the table says).
+//! a process aside, as the table says). A server that comes back from an older snapshot
+//! rolls the queue back to it: deliveries held from before decide nothing of it (their
+//! decisions fail with [`LeaseLost`]), and what the snapshot holds goes out again.
 //!
 //! [`Stream`]: futures_core::Stream
 //! [`Delivery`]: crate::ack::Delivery
@@ -177,7 +179,8 @@ impl Builder {
 
     /// How long a delivery is leased to its receiver. A receiver renews the leases of the
     /// deliveries it holds every third of this. A lease that runs out (its holder died or
-    /// stalled) is reclaimed by the next pull of its shard, by any receiver, up to 100 leases
+    /// stalled) stays its holder's until a pull reclaims it (a renewal that comes first
+    /// keeps it): the next pull of its shard, by any receiver, reclaims up to 100 leases
     /// a pull (see *In Redis* in the module docs): the values go out again with
     /// `attempt + 1`, or, on the last attempt by that receiver's `max_attempts`, to the dead
     /// letters.

@@ -7,7 +7,7 @@
 --                  for the keys with values waiting and no delivery in flight
 --   P:l:<k>  LIST  the key's values, oldest first; a delivery in flight is its first `fn`
 --   P:s:<k>  HASH  the key's state (see below)
---   P:lease  ZSET  delivery id ("<bid>@<epoch>") -> lease expiry (ms, server clock)
+--   P:lease  ZSET  delivery id ("<bid>@<epoch>.<server µs>") -> lease expiry (ms, server clock)
 --   P:lk     HASH  delivery id -> key
 --   P:held   ZSET  key -> when its retry delay is over (ms), for keys held by one
 --   P:wake   ZSET  a marker that receivers pop with BZPOPMIN to wake early

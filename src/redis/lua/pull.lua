@@ -38,9 +38,10 @@ for i = 1, #due, 2 do
   local front = runs_of(s)[1]
   local attempt = 1
   if front then attempt = front[1] + 1 end
-  -- With the epoch: a queue whose data was deleted counts deliveries from 1 again, and a
+  -- With the epoch and the server's time: a queue whose data was deleted counts deliveries
+  -- from 1 again, and one restored from an older snapshot from where the snapshot was, and a
   -- delivery held from before must not decide, or renew, a new one.
-  local id = redis.call('HINCRBY', META, 'bid', 1) .. '@' .. epoch
+  local id = redis.call('HINCRBY', META, 'bid', 1) .. '@' .. epoch .. '.' .. now_us
   redis.call('ZREM', DUE, k)
   redis.call('HSET', s, 'fl', id, 'fn', n, 'fa', attempt, 'osc', due[i + 1], 'rest', len - n)
   redis.call('ZADD', LEASE, now_ms + lease, id)
