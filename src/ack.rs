@@ -447,7 +447,8 @@ impl<K: fmt::Debug, V: fmt::Debug> fmt::Debug for Delivery<K, V> {
 /// taken effect, or with the reason it did not.
 ///
 /// The decision is made when the method is called, not when the future is polled:
-/// dropping the future does not undo it. For `give_up`, the values come back only through
+/// dropping the future does not undo it (in a durable channel, its record is still written,
+/// by the log's thread, a moment later). For `give_up`, the values come back only through
 /// the future: dropping it drops them. A channel without a log resolves it at once, and a
 /// durable one once the decision is written to its log (see the `durable` module). In Redis
 /// the decision is sent by a task on the tokio runtime: should the runtime stop before

@@ -108,6 +108,12 @@ impl<W> crate::durable::DurableBuilder<builder::Ordered, W> {
     /// corrupt or does not decode as `S`, `K` and `V`, or a file could not be read or
     /// written.
     ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: the log is read on a blocking thread, which an `open` dropped before
+    /// it resolves does not stop. It keeps the directory locked, and may cut a torn tail (or
+    /// salvage), until its read ends; an `open` meanwhile fails with `OpenError::Locked`.
+    ///
     /// # Examples
     ///
     /// ```

@@ -270,6 +270,12 @@ impl<W> crate::durable::DurableBuilder<builder::Timed, W> {
     /// An [`OpenError`](crate::durable::OpenError): the directory is locked, the log is
     /// corrupt or does not decode as `K` and `V`, or a file could not be read or written.
     ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: the log is read on a blocking thread, which an `open` dropped before
+    /// it resolves does not stop. It keeps the directory locked, and may cut a torn tail (or
+    /// salvage), until its read ends; an `open` meanwhile fails with `OpenError::Locked`.
+    ///
     /// # Examples
     ///
     /// ```

@@ -802,6 +802,36 @@ async fn a_dropped_send_gives_its_key_slot_back() {
     assert_eq!(rx.len(), 1);
 }
 
+/// An `open` dropped before it resolves goes on reading the log on its blocking thread, and
+/// holds the directory's lock until that read ends: an `open` meanwhile fails with
+/// `Locked`, and one after it opens everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_open_holds_the_lock_until_its_read_ends() {
+    let dir = TempDir::new().unwrap();
+    let (tx, rx) = open(dir.path()).await;
+    for v in 0..100_000 {
+        tx.try_send(format!("k{}", v % 1000), v).unwrap();
+    }
+    drop((tx, rx));
+    let mut dropped = Box::pin(hourly(dir.path()).open::<String, u32>());
+    assert!(
+        futures::poll!(&mut dropped).is_pending(),
+        "read on a thread"
+    );
+    drop(dropped);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let rx = loop {
+        match hourly(dir.path()).open::<String, u32>().await {
+            Ok((_, rx)) => break rx,
+            Err(OpenError::Locked { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(err) => panic!("{err}"),
+        }
+    };
+    assert_eq!(rx.len(), 100_000);
+}
+
 /// Postcard does not describe what it encodes: a value type whose `Deserialize` needs a
 /// format that does, such as an internally tagged enum, is written without error, and its
 /// records then fail to open with `OpenError::Decode`, as the module docs say.

@@ -45,8 +45,9 @@
 //! | a retry | comes back, with its attempts counted once the retry's record is written | as for `kill -9`, once synced |
 //!
 //! Records that no caller waits for (a dead letter taken, the done record of a `send`
-//! dropped before it resolved, the retry of a delivery dropped undecided) are written a
-//! moment later, by the log's thread: a crash before then brings the value back once.
+//! dropped before it resolved, a decision whose future was dropped, the retry of a delivery
+//! dropped undecided) are written a moment later, by the log's thread: a crash before then
+//! brings the value back once.
 //!
 //! `send` resolves once its record is written, and, under `Always`, synced (`fdatasync`).
 //! Waiting sends are committed together: one write and one sync for every batch of sends
@@ -82,7 +83,8 @@
 //! - The directory is locked: a second `open` fails with [`OpenError::Locked`] until the
 //!   channel's every handle is gone (senders, receivers, deliveries, decision futures and
 //!   dead-letter streams), or until its log fails: a failed log lets go of the directory
-//!   at once, so that it can be reopened.
+//!   at once, so that it can be reopened. An `open` dropped before it resolves holds the
+//!   lock until its read of the log ends.
 //! - Keys, values and inputs are decoded as the types `open` names; the log does not
 //!   record types, so another type with a compatible encoding opens without error. They
 //!   must come back through postcard, which does not describe what it encodes: a type

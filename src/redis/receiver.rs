@@ -141,16 +141,19 @@ where
     /// # Errors
     ///
     /// If the server cannot be reached or answers with an error. The receiver stays
-    /// usable: a later call tries again.
+    /// usable: a later call tries again. An error after the pull reached the server (its
+    /// reply lost with the connection) costs its batch an attempt, as a dropped `recv` does.
     ///
     /// # Cancel safety
     ///
-    /// Not cancel safe. If the future is dropped while a pull is on its way, the keys it
-    /// took stay leased to no one until the lease runs out; if it is dropped after, its
-    /// deliveries are dropped, and so retried at once. Either way the batch goes out again
-    /// with `attempt + 1`, and on its last attempt to the dead letters, unseen. The
-    /// [`Stream`](futures_core::Stream) keeps a pull in progress across dropped `next()`
-    /// futures, so `select!` on `next()` loses nothing.
+    /// Not cancel safe. A `recv` dropped after its first poll may have taken a batch: if it
+    /// is dropped while a pull is on its way, the keys it took stay leased to no one until
+    /// the lease runs out; if it is dropped after, its deliveries are dropped, and so retried
+    /// at once. Either way the batch goes out again with `attempt + 1`, and on its last
+    /// attempt to the dead letters, unseen. The [`Stream`](futures_core::Stream) keeps a pull
+    /// in progress across dropped `next()` futures, so `select!` on `next()` loses nothing as
+    /// long as the stream is polled again: a pull kept by a stream never polled again costs
+    /// its batch an attempt once the lease runs out.
     pub async fn recv(&mut self) -> Result<Option<Vec<Delivery<K, V>>>, Error> {
         Arc::clone(&self.shared).next_batch().await
     }

@@ -116,13 +116,14 @@ impl<K: Serialize, V: Serialize> Sender<K, V> {
     /// # Errors
     ///
     /// [`SendError::Closed`] if the queue is closed, [`SendError::Failed`] if the key or
-    /// value does not encode, or the server could not be reached or refused. The key and
-    /// value come back in either.
+    /// value does not encode, or the server could not be reached, the connection broke, or
+    /// the server refused. The key and value come back in either.
     ///
     /// # Cancel safety
     ///
-    /// Not cancel safe: if the future is dropped once the value is on its way, the value may
-    /// or may not be in the queue.
+    /// Not cancel safe: from its first poll the value is with a task that sends it whether
+    /// or not the future is kept, so a `send` dropped after its first poll may have put the
+    /// value in the queue; one dropped while it waits out a full queue's backoff has not.
     pub async fn send(&self, key: K, value: V) -> Result<(), SendError<(K, V)>> {
         self.send_within(key, value, -1).await
     }
