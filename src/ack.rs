@@ -179,7 +179,9 @@ impl<K, V> Delivery<K, V> {
     /// durable channel.
     ///
     /// It is 1 on a first delivery. A value that comes back never has attempt 1 again, not
-    /// even in the part of a key that a batch cap split off. Values sent while their key's
+    /// even in the part of a key that a batch cap split off (but for a durable channel
+    /// reopened after a crash, which hands a delivery that was in flight out again as the
+    /// same attempt: see `durable`, *Recovery*). Values sent while their key's
     /// values were retried go out with those and share this count: with `max_attempts`,
     /// they may reach the dead letters after fewer attempts of their own.
     ///

@@ -39,7 +39,7 @@
 //! | `send` returned, with `FsyncPolicy::Always` | kept | kept |
 //! | `send` returned, with `FsyncPolicy::Interval(d)` | kept | kept if synced: lost at most from the last `d` |
 //! | `send` returned, with `FsyncPolicy::Never` | kept | lost if the OS had not written it |
-//! | `try_send` or the `Sink` returned | kept once the committer wrote it, a moment later | as for `send`, once written |
+//! | `try_send` or the `Sink` returned | kept once the log's thread wrote it, a moment later (records are written in the order they are made, so a later `send` of the channel that resolved shows it was) | as for `send`, once written |
 //! | a decision (`ack`, `ack_all`, `give_up`) resolved | never comes back | may come back once, if not yet synced: at-least-once |
 //! | a dead letter taken | never comes back once its record is written, a moment later; before that, comes back once | as for a decision |
 //! | a retry | comes back, with its attempts counted once the retry's record is written | as for `kill -9`, once synced |
@@ -77,8 +77,9 @@
 //! receiver (pending ones, dead letters not taken, and deliveries retried or dropped after
 //! it) were never acknowledged, so they come back too: a dead letter that was not taken
 //! comes back pending, not as a dead letter, and a delivery that starts with it has attempt
-//! `max_attempts + 1` (one whose record was written after an older value's of its key comes
-//! back behind that value, and a delivery's attempt is its first value's).
+//! one more than the letter's `attempts` (`max_attempts + 1` for a letter made on its last
+//! attempt; one whose record was written after an older value's of its key comes back
+//! behind that value, and a delivery's attempt is its first value's).
 //!
 //! - The directory is locked: a second `open` fails with [`OpenError::Locked`] until the
 //!   channel's every handle is gone (senders, receivers, deliveries, decision futures and
@@ -127,8 +128,9 @@
 //! its length and a CRC-32C. One thread owns the files. Segments are deleted by prefix
 //! only, once none of their values is live; values held a long time are copied forward
 //! first. So the log's size stays within about twice its live records plus two segments
-//! (the newest may run past `segment_size` by one commit's records): two to four segments
-//! when little is pending, however long one delivery is held.
+//! (the newest may run past `segment_size` by one commit's records, and, while a copy
+//! forward runs, by what it copies): two to four segments when little is pending, however
+//! long one delivery is held.
 
 use std::fmt;
 use std::hash::Hash;
