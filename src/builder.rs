@@ -42,9 +42,9 @@ impl<F, W> Builder<F, W> {
     /// instead of values.
     ///
     /// Typical use: `|body: &Vec<u8>| body.len()`, so that batches stay under a size. The
-    /// total pending weight (in an acknowledging channel, with the weight held outside the
-    /// queue: in flight, in dead letters not yet taken, or waiting for its log record) must
-    /// fit in a `usize`: a send that would overflow it panics, changing nothing, but for one
+    /// total weight the channel holds (pending, and in an acknowledging channel in flight,
+    /// in dead letters not yet taken, or waiting for its log record: more than
+    /// `Stats::pending_weight` shows) must fit in a `usize`: a send that would overflow it panics, changing nothing, but for one
     /// through the inbox, whose value is dropped and counted in `Stats::lost` instead (see
     /// the crate docs, *Panics in user code*).
     ///
@@ -226,9 +226,10 @@ impl<F, W> Builder<F, W> {
         self
     }
 
-    /// For an acknowledging channel (`acked()`): the most times values are handed out. A
-    /// retry after the `n`-th attempt sends them to the dead letters instead of back into
-    /// the queue. Off by default: values are retried for as long as they fail.
+    /// For an acknowledging channel (`acked()`, or durable; `build()` ignores it): the most
+    /// times values are handed out. A retry after the `n`-th attempt sends them to the dead
+    /// letters instead of back into the queue. Off by default: values are retried for as
+    /// long as they fail.
     ///
     /// A delivery's attempt is its first value's count (see
     /// [`Delivery::attempt`](crate::ack::Delivery::attempt)), and values sent while their

@@ -6,8 +6,8 @@ use std::error::Error;
 use std::fmt;
 
 /// The channel is closed: returned by `send` and `blocking_send` once the channel is closed
-/// (or this sender was closed as a `Sink`), and by `requeue` once a receiver has seen the
-/// end of the stream.
+/// or every receiver is gone (or this sender was closed as a `Sink`), and by `requeue` once
+/// a receiver has seen the end of the stream.
 ///
 /// The value that could not be sent is inside, and [`into_inner`](Self::into_inner) hands it
 /// back.
@@ -56,7 +56,8 @@ pub enum TrySendError<T> {
     /// (with `max_keys`) an earlier send of the same key waits for a key slot. A value held
     /// by a `Sink` does not count.
     Full(T),
-    /// The channel is closed, or this sender was closed as a `Sink`.
+    /// The channel is closed or every receiver is gone, or this sender was closed as a
+    /// `Sink`.
     Closed(T),
 }
 

@@ -392,6 +392,28 @@ async fn url_that_does_not_parse() {
     assert!(matches!(err, Error::Url { .. }), "{err:?}");
 }
 
+/// A password in the URL stays out of what a log would print: the builder's `Debug`, and
+/// the URL a bad-URL error carries.
+#[tokio::test]
+async fn a_password_in_the_url_is_not_printed() {
+    let queue = redis::Builder::new("redis://user:hunter2@127.0.0.1:70000/", "q", ms(20));
+    let shown = format!("{queue:?}");
+    assert!(
+        shown.contains("redis://user:***@127.0.0.1:70000/"),
+        "{shown}"
+    );
+    let err = queue.sender::<u32, u32>().await.unwrap_err();
+    let Error::Url { url, .. } = &err else {
+        panic!("{err:?}");
+    };
+    assert_eq!(url, "redis://user:***@127.0.0.1:70000/");
+    for text in [err.to_string(), format!("{err:?}")] {
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+    let alone = redis::Builder::new("redis://hunter2@127.0.0.1/", "q", ms(20));
+    assert!(!format!("{alone:?}").contains("hunter2"));
+}
+
 // ===== values that do not decode =====
 
 /// Eleven bytes with the continuation bit set: not a varint postcard accepts, so neither a

@@ -119,7 +119,7 @@ const FLAVOUR: &str = "timed";
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 #[must_use]
 pub struct Builder {
     url: String,
@@ -130,6 +130,37 @@ pub struct Builder {
     lease: Duration,
     max_attempts: u32,
     shards: u16,
+}
+
+// By hand, so that a password in the URL stays out of logs.
+impl fmt::Debug for Builder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Builder")
+            .field("url", &redacted(&self.url))
+            .field("name", &self.name)
+            .field("window", &self.window)
+            .field("max_batch", &self.max_batch)
+            .field("capacity", &self.capacity)
+            .field("lease", &self.lease)
+            .field("max_attempts", &self.max_attempts)
+            .field("shards", &self.shards)
+            .finish()
+    }
+}
+
+/// `url` with the password in its user info, if any, replaced by `***`: `redis://:pw@h`
+/// and `redis://user:pw@h` keep their user, and user info with no `:` goes whole, since a
+/// URL may carry a password alone there.
+fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let Some((user_info, host)) = authority.rsplit_once('@') else {
+        return url.to_string();
+    };
+    let user = user_info.split_once(':').map_or("", |(user, _)| user);
+    format!("{scheme}://{user}:***@{host}{path}")
 }
 
 impl Builder {
@@ -158,6 +189,7 @@ impl Builder {
     /// # Panics
     ///
     /// Panics if `n` is 0.
+    #[track_caller]
     pub fn max_batch(mut self, n: usize) -> Self {
         assert!(n > 0, "max_batch must be at least 1");
         self.max_batch = n;
@@ -171,6 +203,7 @@ impl Builder {
     /// # Panics
     ///
     /// Panics if `n` is 0.
+    #[track_caller]
     pub fn capacity(mut self, n: u64) -> Self {
         assert!(n > 0, "capacity must be at least 1");
         self.capacity = n;
@@ -188,6 +221,7 @@ impl Builder {
     /// # Panics
     ///
     /// Panics if `d` is under 10 ms.
+    #[track_caller]
     pub fn lease(mut self, d: Duration) -> Self {
         assert!(
             d >= Duration::from_millis(10),
@@ -205,6 +239,7 @@ impl Builder {
     /// # Panics
     ///
     /// Panics if `n` is 0.
+    #[track_caller]
     pub fn max_attempts(mut self, n: u32) -> Self {
         assert!(n > 0, "max_attempts must be at least 1");
         self.max_attempts = n;
@@ -218,6 +253,7 @@ impl Builder {
     /// # Panics
     ///
     /// Panics if `n` is 0.
+    #[track_caller]
     pub fn shards(mut self, n: u16) -> Self {
         assert!(n > 0, "shards must be at least 1");
         self.shards = n;
@@ -257,7 +293,7 @@ impl Builder {
 pub enum Error {
     /// The URL does not parse.
     Url {
-        /// The URL.
+        /// The URL, with any password in it replaced by `***`.
         url: String,
         /// What is wrong with it.
         detail: String,
@@ -383,7 +419,7 @@ struct Queue {
 impl Queue {
     async fn open(config: &Builder) -> Result<std::sync::Arc<Queue>, Error> {
         let client = ::redis::Client::open(config.url.as_str()).map_err(|err| Error::Url {
-            url: config.url.clone(),
+            url: redacted(&config.url),
             detail: err.to_string(),
         })?;
         let manager = ConnectionManagerConfig::new()

@@ -51,7 +51,6 @@ enum Outcome {
 }
 
 /// Why a send failed: the key and value come back in it.
-#[derive(Debug)]
 #[non_exhaustive]
 pub enum SendError<T> {
     /// The queue is closed.
@@ -76,6 +75,18 @@ impl<T> SendError<T> {
     }
 }
 
+// As `error::SendError` and tokio's: printing one needs no `T: Debug`.
+impl<T> fmt::Debug for SendError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SendError::Closed(_) => f.write_str("Closed(..)"),
+            SendError::Failed { error, .. } => (f.debug_struct("Failed"))
+                .field("error", error)
+                .finish_non_exhaustive(),
+        }
+    }
+}
+
 impl<T> fmt::Display for SendError<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -85,7 +96,7 @@ impl<T> fmt::Display for SendError<T> {
     }
 }
 
-impl<T: fmt::Debug> std::error::Error for SendError<T> {
+impl<T> std::error::Error for SendError<T> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             SendError::Closed(_) => None,
