@@ -236,7 +236,9 @@
 //! everything is delivered. A `requeue` before the end joins the flush.
 //!
 //! When every receiver is dropped, sends fail and hand the value back, and the pending
-//! values are dropped (a durable channel's log keeps them for the next open).
+//! values are dropped (a durable channel's log keeps them for the next open). A send on
+//! another thread that races the last receiver's drop may still return `Ok`: its value is
+//! then dropped too, and counted in [`Stats::lost`](stats::Stats::lost).
 //!
 //! # Panics in user code
 //!

@@ -84,8 +84,9 @@ pub struct Stats {
     /// the last counts that attempt and every later one.
     pub attempts: [u64; 8],
     /// Values dropped because every receiver was gone: those pending when the last one
-    /// went, dead letters not taken, and, in an acknowledging channel, values retried or
-    /// dropped undecided after that. A durable channel's log still has them: they come back
+    /// went (values still in the inbox then included: their sends returned `Ok`, but they
+    /// never went in, so `sent` does not count them), dead letters not taken, and, in an
+    /// acknowledging channel, values retried or dropped undecided after that. A durable channel's log still has them: they come back
     /// when its directory is opened again. Also values sent through the inbox that user code
     /// panicked on before they went in (their key's `Eq`, or `Ord` or `Clone` of any sort
     /// key compared), or whose weight would overflow the total pending weight (see the crate
