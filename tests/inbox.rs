@@ -30,10 +30,21 @@ use tokio_test::{assert_pending, assert_ready};
 use common::time::ms;
 use common::touchy::{arm, disarm, panics, Touchy, TouchyRank, What};
 
-/// Every send in this test binary goes through the inbox.
+/// Every send in this test binary goes through the inbox. Checked: through the inbox a
+/// send runs no `Eq`, so a key whose `Eq` panics does not make it panic, where under the
+/// lock it would.
 fn inbox_always() {
     // Edition 2021: `set_var` is safe; every test sets the same value.
     std::env::set_var("KEYED_BATCH_INBOX", "always");
+    let (probe, _rx) = timed::channel::<Touchy, u32>(Duration::from_secs(3600));
+    probe.try_send(Touchy(1), 1).unwrap();
+    arm(1, &[What::Eq]);
+    let under_the_lock = panics(|| probe.try_send(Touchy(1), 2));
+    disarm();
+    assert!(
+        !under_the_lock,
+        "a send took the lock: the inbox is not forced"
+    );
 }
 
 /// A value is due a window after it was sent, not after it was taken in: a receiver that
