@@ -678,3 +678,22 @@ async fn ack_all_acknowledges_a_batch() {
     assert_eq!(contents(&next), vec![("b", vec![2])]);
     keyed_batch::ack::ack_all(next).await.unwrap();
 }
+
+/// A key held by `retry_after` is due when its delay ends, however late a receiver looks:
+/// it goes out ahead of a key due after that, even once values came for it while it was out.
+#[tokio::test(start_paused = true)]
+async fn a_delayed_retry_ranks_by_the_end_of_its_delay() {
+    let (tx, mut rx) = timed::Builder::new(ms(100)).acked();
+    let start = Instant::now();
+    tx.send(1, 10).await.unwrap();
+    advance(ms(100)).await;
+    let delivery = rx.try_recv().unwrap().remove(0);
+    tx.send(1, 11).await.unwrap(); // a new run, due at 200 ms
+    tx.send_by(2, 20, start + ms(120)).await.unwrap();
+    delivery.retry_after(ms(10)).await.unwrap(); // due at 110 ms
+    assert_eq!(rx.next_deadline(), Some(start + ms(110)));
+    advance(ms(50)).await; // a receiver looks at 150 ms
+    let batch = rx.try_recv().unwrap();
+    assert_eq!(contents(&batch), vec![(1, vec![10, 11]), (2, vec![20])]);
+    ack_all(batch).await;
+}

@@ -784,7 +784,7 @@ trait Modelled: Flavour<K, V> + 'static {
     ) -> Self::Rank;
     fn requeue_rank(&self, arg: Self::Arg, now: u64) -> Self::Rank;
     /// The rank a retried key is due again by, at the latest: its delivery went out at
-    /// `rank`, and it is released at `now`.
+    /// `rank`, and it is due again at `now` (its retry delay's end).
     fn retried(rank: Self::Rank, now: u64) -> Self::Rank;
     fn is_due(rank: &Self::Rank, now: u64) -> bool;
     /// Whether a key that came back from a durable channel's log ranks by when its values
@@ -1425,7 +1425,8 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
         self.acks.delayed.retain(|&(at, key, rank)| {
             let over = closed || at <= now;
             if over {
-                model.release(key, Some(F::retried(rank, now)));
+                // Due when its delay ended, however late the model looks.
+                model.release(key, Some(F::retried(rank, at.min(now))));
             }
             !over
         });
@@ -1985,17 +1986,7 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
             }
         }
         // Nothing is woken now. A future that could go on must not be left waiting.
-        //
-        // Except one: a send waiting for a key slot whose key has since got one (a send
-        // ahead of it for the same key got a slot, or the key was requeued) goes in when
-        // it is next polled, wherever it stands in line, but nothing wakes it for that: it
-        // is woken when its turn for a slot comes. Its outcome is checked whenever it is
-        // polled, but it is left out here.
         for at in 0..self.sends.len() {
-            let send = &self.sends[at];
-            if !self.closed && send.line == Line::Key && self.model.has_slot(send.key) {
-                continue;
-            }
             assert!(
                 self.send_outcome(at).is_err(),
                 "step {step}: send {at} can go on but was not woken"
@@ -2057,7 +2048,7 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
                 assert_eq!(got, want, "step {step}: next_deadline");
             }
         }
-        if M::ACKED {
+        {
             if let Some(stats) = self.stats() {
                 // Segments go once nothing in them is live, and live records move forward
                 // once the log outgrows twice them plus two segments (durable module docs,

@@ -318,7 +318,9 @@ where
             let Some(Reverse(delayed)) = acked.delayed.pop() else {
                 break;
             };
-            let rank = F::retried(delayed.rank, now);
+            // Due when its delay ended, however late a receiver looks (or now, in a channel
+            // that closed before the delay was over).
+            let rank = F::retried(delayed.rank, delayed.at.min(now));
             // A retried key has values, so it stays; should it not, its key is dropped
             // after the lock.
             if let (_, Some(key)) = queue.release(delayed.hold, Release::Lower(rank)) {
