@@ -53,8 +53,9 @@
 //!   was made. A key is due when its deadline is at or before now. A key holding
 //!   `max_values_per_key` values (or `max_key_weight` weight) is due at once. A deadline too
 //!   far off to represent (more than about 146 years after the channel was made) is never
-//!   reached: such a key waits for a flush or a close, and is never due early; so, in a
-//!   channel older than that, only a close (or `drain_now`) takes values out. Time is
+//!   reached: such a key waits for a flush, a close, or (by `max_values_per_key` or
+//!   `max_key_weight`) to be full, and is never due early; so, in a channel older than
+//!   that, only those (or `drain_now`, or a retry) take values out. Time is
 //!   [`tokio::time::Instant`]: monotonic, and paused in tests.
 //! - **`ordered`**: every key is due at once; a key ranks by the smallest sort key among its
 //!   pending values, except the rest of a key that a batch split (below).
@@ -121,12 +122,12 @@
 //! | limit | flavour | counts | when reached |
 //! |---|---|---|---|
 //! | `max_batch(n)` | both | values in one batch | the batch ends; a key that does not fit is split, and its remainder keeps the key's rank (see *What a batch holds*) |
-//! | `max_batch_weight(n)` | both | weight of one batch | likewise; a single value heavier than `n` goes out alone |
+//! | `max_batch_weight(n)` | both | weight of one batch | likewise, once the next value would go over `n` (values of weight 0 still join); a single value heavier than `n` goes out alone |
 //! | `max_values_per_key(n)` | `timed` | a key's pending values | the key is due at once |
 //! | `max_key_weight(n)` | `timed` | a key's pending weight | the key is due at once |
-//! | `capacity(n)` | both | pending values | `send` waits, `try_send` returns `Full` |
-//! | `max_weight(n)` | both | pending weight, with the new value | `send` waits, `try_send` returns `Full`; a value heavier than `n` waits for an empty channel |
-//! | `max_keys(n)` | both | pending keys | a value for a new key waits (`send`) or is refused (`try_send`); values for pending keys still go in, after any earlier send of the same key |
+//! | `capacity(n)` | both | pending values (and, acknowledging, those in flight and dead letters not taken) | `send` waits, `try_send` returns `Full` |
+//! | `max_weight(n)` | both | pending weight, with the new value (and, acknowledging, the weight in flight and in dead letters) | `send` waits, `try_send` returns `Full`; a value heavier than `n` waits for a channel that holds nothing, in flight and in dead letters included |
+//! | `max_keys(n)` | both | pending keys (and, acknowledging, keys in flight) | a value for a new key waits (`send`) or is refused (`try_send`); values for pending keys still go in, after any earlier send of the same key |
 //!
 //! Waiting sends go in first come, first served, and `try_send` returns
 //! [`TrySendError::Full`](error::TrySendError::Full) while earlier sends wait for room
@@ -289,7 +290,9 @@
 //! `ordered`, and `Clone` and `Drop` of the wakers it keeps for waiting tasks. Such code
 //! may send on the same channel if the channel has an inbox, as above; any other use of the
 //! channel there (a send in a channel without an inbox, a flush, a handle dropped, and in a
-//! custom waker anything at all) may wait for the lock, which never comes free. In an
+//! custom waker anything at all) may wait for the lock, which never comes free: a custom
+//! waker that owns a handle of the channel must not be the handle's last owner, since the
+//! channel may drop its copy of the waker under the lock. In an
 //! acknowledging channel, a key whose `Clone` panicked cannot be held: it goes out whole,
 //! and its newer values are not held back while it is in flight, so it may have more than
 //! one delivery out at once. Each retry of such a key puts its values back at once
