@@ -129,8 +129,9 @@ local function without_front(runs, n)
 end
 
 -- The delivery in flight for `k` goes back in front of its key's values, due in `delay_us`.
--- It keeps the rank it had when it was taken, as in memory: once due again, it goes ahead
--- of keys that came due after it. A delayed key waits in HELD until its delay is over.
+-- It keeps the rank it had when it was taken: once due again, it goes ahead of keys that
+-- came due after it (in memory too, unless values came for it meanwhile: see the table of
+-- differences in the module docs). A delayed key waits in HELD until its delay is over.
 local function requeue(k, s, delay_us)
   local st = redis.call('HMGET', s, 'fn', 'osc')
   set_runs(s, handed_again(runs_of(s), tonumber(st[1])))
