@@ -124,3 +124,31 @@ fn acked_handles() {
     let (_tx, mut rx) = timed::Builder::new(Duration::ZERO).acked::<Key, Value>();
     drop(is_send_future(rx.recv()));
 }
+
+/// The Redis handles are `Send + Sync + Clone`, and the futures of every async method,
+/// those that take `&self` included, are `Send`: each can be awaited in a spawned task.
+/// Checked by type alone (a queue needs a server): this function is never called.
+#[cfg(feature = "redis")]
+#[allow(dead_code)]
+fn redis_handles_and_futures(
+    tx: keyed_batch::redis::Sender<u8, u32>,
+    mut rx: keyed_batch::redis::Receiver<u8, u32>,
+) {
+    use keyed_batch::redis::{Receiver, Sender};
+
+    is_send::<Sender<u8, u32>>();
+    is_sync::<Sender<u8, u32>>();
+    is_clone::<Sender<u8, u32>>();
+    is_send::<Receiver<u8, u32>>();
+    is_sync::<Receiver<u8, u32>>();
+    is_clone::<Receiver<u8, u32>>();
+    is_stream::<Receiver<u8, u32>>();
+    drop(is_send_future(tx.send(1, 1)));
+    drop(is_send_future(tx.send_by(1, 1, Duration::ZERO)));
+    drop(is_send_future(tx.close()));
+    drop(is_send_future(rx.take_undecodable(1)));
+    drop(is_send_future(rx.close()));
+    drop(is_send_future(rx.len()));
+    drop(is_send_future(rx.is_empty()));
+    drop(is_send_future(rx.recv()));
+}

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -59,8 +59,10 @@ type DeadReply = (i64, i64, Vec<(Vec<u8>, String, Vec<Vec<u8>>)>);
 /// [`Stream`]: futures_core::Stream
 pub struct Receiver<K, V> {
     shared: Arc<Shared<K, V>>,
-    /// The stream's pending `recv`, kept across polls.
-    next: Option<NextBatch<K, V>>,
+    /// The stream's pending `recv`, kept across polls. Behind a mutex only so that the
+    /// receiver is `Sync`, and the futures of its `&self` methods `Send`: only `poll_next`
+    /// touches it, through `&mut self`, with no locking.
+    next: Mutex<Option<NextBatch<K, V>>>,
     ended: bool,
 }
 
@@ -127,7 +129,7 @@ where
                 turn: AtomicUsize::new(0),
                 wake,
             }),
-            next: None,
+            next: Mutex::new(None),
             ended: false,
         }
     }
@@ -845,7 +847,8 @@ where
             return Poll::Ready(None);
         }
         let shared = &this.shared;
-        let next = this.next.get_or_insert_with(|| {
+        let next = this.next.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let next = next.get_or_insert_with(|| {
             let shared = Arc::clone(shared);
             Box::pin(async move {
                 // Through an outage, try again with a backoff of up to a second.
@@ -863,7 +866,7 @@ where
         });
         let polled = next.as_mut().poll(cx);
         if let Poll::Ready(batch) = &polled {
-            this.next = None;
+            *this.next.get_mut().unwrap_or_else(PoisonError::into_inner) = None;
             this.ended = batch.is_none();
         }
         polled
@@ -884,7 +887,7 @@ impl<K, V> Clone for Receiver<K, V> {
     fn clone(&self) -> Self {
         Receiver {
             shared: Arc::clone(&self.shared),
-            next: None,
+            next: Mutex::new(None),
             ended: false,
         }
     }
