@@ -29,8 +29,11 @@ pub(crate) trait Flavor {
     /// When a key of this rank becomes due (see [`Clock`]), if that is a time at all.
     fn deadline(rank: &Self::Rank) -> Option<u64>;
 
-    /// Whether a key of this rank ever comes due by itself, without a flush or a close.
-    fn comes_due(rank: &Self::Rank) -> bool;
+    /// Whether a key of this rank ever comes due by itself, without a flush or a close: by
+    /// default, whether it has a deadline.
+    fn comes_due(rank: &Self::Rank) -> bool {
+        Self::deadline(rank).is_some()
+    }
 
     /// The rank of values that were delivered at `rank` and are retried at `now`: a
     /// retried key is due as soon as its retry delay is over.

@@ -67,6 +67,7 @@ impl<S> Flavor for SortKeys<S> {
         None
     }
 
+    // Due as soon as it is pending, with no deadline.
     fn comes_due(_: &S) -> bool {
         true
     }

@@ -176,10 +176,6 @@ impl Flavor for Deadlines {
         (deadline.at() != Deadline::NEVER).then_some(deadline.at())
     }
 
-    fn comes_due(deadline: &Deadline) -> bool {
-        deadline.at() != Deadline::NEVER
-    }
-
     fn retried(deadline: Deadline, now: u64) -> Deadline {
         // Due now, and counted again by why it first came due (`Deliveries`), whether or not
         // values came for the key while it was out.

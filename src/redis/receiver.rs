@@ -847,8 +847,8 @@ where
             return Poll::Ready(None);
         }
         let shared = &this.shared;
-        let next = this.next.get_mut().unwrap_or_else(PoisonError::into_inner);
-        let next = next.get_or_insert_with(|| {
+        let slot = this.next.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let next = slot.get_or_insert_with(|| {
             let shared = Arc::clone(shared);
             Box::pin(async move {
                 // Through an outage, try again with a backoff of up to a second.
@@ -866,7 +866,7 @@ where
         });
         let polled = next.as_mut().poll(cx);
         if let Poll::Ready(batch) = &polled {
-            *this.next.get_mut().unwrap_or_else(PoisonError::into_inner) = None;
+            *slot = None;
             this.ended = batch.is_none();
         }
         polled
