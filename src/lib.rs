@@ -53,9 +53,10 @@
 //!   was made. A key is due when its deadline is at or before now. A key holding
 //!   `max_values_per_key` values (or `max_key_weight` weight) is due at once. A deadline too
 //!   far off to represent (more than about 146 years after the channel was made) is never
-//!   reached: such a key waits for a flush, a close, or (by `max_values_per_key` or
-//!   `max_key_weight`) to be full, and is never due early; so, in a channel older than
-//!   that, only those (or `drain_now`, or a retry) take values out. Time is
+//!   reached, and never comes early: such a key waits for a flush, a close, or (by
+//!   `max_values_per_key` or `max_key_weight`) to be full. So, in a channel older than that,
+//!   a sent value waits for one of those, or for `drain_now`; a requeue and a retry are due
+//!   at once there too. Time is
 //!   [`tokio::time::Instant`]: monotonic, and paused in tests.
 //! - **`ordered`**: every key is due at once; a key ranks by the smallest sort key among its
 //!   pending values, except the rest of a key that a batch split (below).
@@ -234,7 +235,8 @@
 //! The channel closes when every sender is dropped (or closed as a `Sink`, with
 //! `poll_close`), or a receiver calls `close`. Sends then fail and hand the value back. Every
 //! pending key is due at once, batches still respect `max_batch`, and the stream ends once
-//! everything is delivered. A `requeue` before the end joins the flush.
+//! everything is delivered. A `requeue` before the end joins the flush (in `timed`, a key that
+//! had nothing pending is due as of the close).
 //!
 //! When every receiver is dropped, sends fail and hand the value back, and the pending
 //! values are dropped (a durable channel's log keeps them for the next open). A send on

@@ -130,12 +130,14 @@ pub struct Deliveries {
     /// with, as does one that a `retry_after` holds when the channel closes).
     /// `ordered`: every delivery, since a key is due as soon as it is pending.
     pub due: u64,
-    /// The key reached `max_values_per_key` or `max_key_weight` before its deadline.
+    /// `timed`: the key reached `max_values_per_key` or `max_key_weight` before its deadline.
     pub full_key: u64,
-    /// `flush`, `flush_all` or `drain_now` made the key due before its deadline.
+    /// `timed`: `flush`, `flush_all` or `drain_now` made the key due before its deadline.
     pub flush: u64,
     /// The channel closed before the key's deadline: `timed` keys only, whenever they are
-    /// taken. A key that was already due when the channel closed counts by its own reason.
+    /// taken. A key that was already due when the channel closed counts by its own reason,
+    /// as does a retried key (the reason it went out with) and a key requeued after the
+    /// close that had nothing pending then (`due`).
     pub close: u64,
 }
 

@@ -61,7 +61,8 @@ pub(crate) enum Deadlines {}
 /// `Instant` alone takes 16): the deadline in nanoseconds from the channel's epoch in the low
 /// 62 bits, and the reason in the top two. The largest deadline, about 146 years on, is
 /// [`NEVER`](Deadline::NEVER): a later deadline cannot be told apart from it, so it is due
-/// only at a flush or a close, never early.
+/// only at a flush or a close, never early. A key made due at once (a flush, a full key, a
+/// requeue, a retry) is due by [`Deadline::at_once`], which stays below it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Deadline(u64);
 
@@ -75,6 +76,13 @@ impl Deadline {
             Reason::Flush => 2,
         };
         Deadline(at.min(Self::NEVER) | reason << 62)
+    }
+
+    /// Due at once, `at` being at or before now: in a channel so old that now is past the
+    /// range, one below [`NEVER`](Self::NEVER), so that a flush, a full key, a requeue or a
+    /// retry still takes values out there.
+    fn at_once(at: u64, reason: Reason) -> Self {
+        Self::new(at.min(Self::NEVER - 1), reason)
     }
 
     fn at(self) -> u64 {
@@ -150,6 +158,8 @@ impl Flavor for Deadlines {
             }
         }
         let now = clock.now();
+        // Only a deadline can be out of reach; a full key, a flush and a requeue are due now.
+        let at_once = full || matches!(due, Due::Now(_));
         let (at, reason) = due_at(&due, now, window, |at| clock.since(at));
         let (at, reason) = match full && at > now {
             true => (now, Reason::FullKey),
@@ -161,7 +171,10 @@ impl Flavor for Deadlines {
             Some(current) if current.at() <= now => current.reason(),
             _ => reason,
         };
-        Some(Deadline::new(at, reason))
+        Some(match at_once {
+            true => Deadline::at_once(at, reason),
+            false => Deadline::new(at, reason),
+        })
     }
 
     fn is_due(deadline: &Deadline, now: u64) -> bool {
@@ -179,7 +192,7 @@ impl Flavor for Deadlines {
     fn retried(deadline: Deadline, now: u64) -> Deadline {
         // Due now, and counted again by why it first came due (`Deliveries`), whether or not
         // values came for the key while it was out.
-        Deadline::new(now, deadline.reason())
+        Deadline::at_once(now, deadline.reason())
     }
 
     fn due_alone(due: &Due, arrival: u64, epoch: Instant, config: &Config) -> u64 {
@@ -1083,14 +1096,16 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     ///
     /// The values go in front of every pending value of the key, those handed back before
     /// included (to keep several failed parts of a key in order, hand them back newest
-    /// first), and the key is due at once. A requeue always has room: it may take the
-    /// pending count past the capacity.
+    /// first), and the key is due at once. After a close, a key that had nothing pending is
+    /// due as of the close: it goes out after the keys that were due by then, and before
+    /// those the close made due. A requeue always has room: it may take the pending count
+    /// past the capacity.
     ///
     /// # Errors
     ///
-    /// Once a receiver has seen the end of the stream (`recv` or the stream returned `None`,
-    /// or `try_recv` returned `Disconnected`), nothing will be delivered again, and the key
-    /// and values come back in the error.
+    /// Once a receiver (this one or any clone) has seen the end of the stream (`recv` or the
+    /// stream returned `None`, or `try_recv` returned `Disconnected`), nothing will be
+    /// delivered again, and the key and values come back in the error.
     ///
     /// # Examples
     ///
@@ -1692,5 +1707,12 @@ mod tests {
         );
         assert!(!Deadlines::is_due(&far, u64::MAX));
         assert_eq!(Deadlines::deadline(&far), None);
+        // What is due at once stays due past the range.
+        let now = Deadline::at_once(u64::MAX, Reason::Flush);
+        assert_eq!(
+            (now.at(), now.reason()),
+            (Deadline::NEVER - 1, Reason::Flush)
+        );
+        assert!(Deadlines::is_due(&now, u64::MAX));
     }
 }

@@ -5,13 +5,14 @@ mod common;
 
 use std::sync::Arc;
 
+use futures::StreamExt;
 use keyed_batch::error::{SendError, TryRecvError, TrySendError};
 use keyed_batch::{ordered, timed};
 use tokio::time::{advance, Instant};
 use tokio_test::task;
 use tokio_test::{assert_pending, assert_ready};
 
-use common::time::{secs, HOUR};
+use common::time::{ms, secs, HOUR};
 
 /// Sends one key with three values and two single keys, with `b` ranked before `a`.
 async fn fill(tx: &timed::Sender<&'static str, i32>) {
@@ -176,6 +177,37 @@ async fn requeue_joins_flush() {
     rx.requeue("b", vec![4]).unwrap();
     assert_eq!(rx.recv().await, Some(vec![("b", vec![4])]));
     assert_eq!(rx.recv().await, None);
+}
+
+/// Disconnection: a key requeued after the close with nothing pending is due as of the
+/// close, after the keys due by then and before those the close made due, and counts as
+/// `due`, not `close`, however long after the close it came. It used to be due as of the
+/// requeue, and counted as `close` once time had passed.
+#[tokio::test(start_paused = true)]
+async fn requeue_after_close_is_due_as_of_the_close() {
+    let (tx, mut rx) = timed::Builder::new(secs(10)).max_batch(1).build();
+    tx.send("a", 1).await.unwrap(); // due at 10 s
+    advance(secs(1)).await;
+    tx.send("c", 2).await.unwrap(); // due at 11 s
+    advance(ms(1500)).await;
+    tx.send("b", 3).await.unwrap(); // due at 12.5 s
+    advance(ms(9500)).await; // 12 s
+    drop(tx); // the close makes "b" due
+    let (key, values) = rx.recv().await.unwrap().remove(0);
+    assert_eq!((key, &values[..]), ("a", &[1][..]));
+    advance(secs(1)).await;
+    rx.requeue(key, values).unwrap();
+    let rest: Vec<_> = rx.by_ref().collect().await;
+    assert_eq!(
+        rest,
+        vec![
+            vec![("c", vec![2])],
+            vec![("a", vec![1])],
+            vec![("b", vec![3])]
+        ]
+    );
+    let by = rx.stats().delivered_by;
+    assert_eq!((by.due, by.close), (3, 1), "{by:?}");
 }
 
 /// Disconnection: once `recv` has returned `None`, requeue fails and hands the values back,

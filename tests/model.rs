@@ -1812,7 +1812,14 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
                 let want = if self.terminated {
                     Err(F::back(arg, key, values))
                 } else {
-                    let rank = self.fl.requeue_rank(arg, self.now);
+                    let mut rank = self.fl.requeue_rank(arg, self.now);
+                    // A key requeued after the close with nothing pending is due as of the
+                    // close, as if retried then: it counts by its own reason, not `close`.
+                    if let Some(closed) = self.closed_at {
+                        if !self.model.has_slot(key) && !F::is_due(&rank, closed) {
+                            rank = F::retried(rank, closed);
+                        }
+                    }
                     self.model.insert(key, values, true, |_, _| rank);
                     Ok(())
                 };

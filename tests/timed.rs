@@ -698,21 +698,65 @@ async fn unreachable_window_never_comes_due() {
     assert_eq!(rx.try_recv(), Ok(vec![("k", vec![1])]));
 }
 
-/// When a key is due: in a channel older than about 146 years even "now" cannot be
-/// represented, so nothing comes due, a flush included; `drain_now` and a close still take
-/// values out.
+/// When a key is due: in a channel older than about 146 years no deadline can be reached,
+/// so a send's value waits; a flush, `flush_all`, `drain_now` and a close still take values
+/// out. A flush did nothing there: it gave the key the deadline "never" too.
 #[tokio::test(start_paused = true)]
-async fn a_channel_past_its_range_delivers_on_drain_and_close() {
+async fn a_channel_past_its_range_delivers_what_is_made_due() {
     let (tx, mut rx) = timed::channel(Duration::ZERO);
     advance(CENTURY_AND_A_HALF).await;
     tx.send("k", 1).await.unwrap();
-    tx.flush(&"k");
+    assert_eq!(rx.next_deadline(), None);
+    advance(secs(1)).await;
     assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
-    assert_eq!(rx.drain_now(), vec![vec![("k", vec![1])]]);
+    tx.flush(&"k");
+    assert_eq!(rx.try_recv(), Ok(vec![("k", vec![1])]));
     tx.send("k", 2).await.unwrap();
+    tx.flush_all();
+    assert_eq!(rx.try_recv(), Ok(vec![("k", vec![2])]));
+    tx.send("k", 3).await.unwrap();
+    assert_eq!(rx.drain_now(), vec![vec![("k", vec![3])]]);
+    tx.send("k", 4).await.unwrap();
     assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
     drop(tx);
-    assert_eq!(rx.try_recv(), Ok(vec![("k", vec![2])]));
+    assert_eq!(rx.try_recv(), Ok(vec![("k", vec![4])]));
+}
+
+/// When a key is due: past the range, a key full by `max_values_per_key` is due at once,
+/// and a requeued one too; and a receiver waiting in a task is woken by a flush there.
+#[tokio::test(start_paused = true)]
+async fn a_channel_past_its_range_delivers_full_requeued_and_flushed_keys() {
+    let (tx, mut rx) = Builder::new(WINDOW).max_values_per_key(2).build();
+    advance(CENTURY_AND_A_HALF).await;
+    tx.send("k", 1).await.unwrap();
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    tx.send("k", 2).await.unwrap();
+    let (key, values) = rx.try_recv().unwrap().remove(0);
+    assert_eq!((key, &values[..]), ("k", &[1, 2][..]));
+    rx.requeue(key, values).unwrap();
+    assert_eq!(rx.try_recv(), Ok(vec![("k", vec![1, 2])]));
+
+    let waiting = tokio::spawn(async move { rx.recv().await });
+    tx.send("j", 3).await.unwrap();
+    tokio::task::yield_now().await;
+    assert!(
+        !waiting.is_finished(),
+        "a deadline past the range is not reached"
+    );
+    tx.flush(&"j");
+    assert_eq!(waiting.await.unwrap(), Some(vec![("j", vec![3])]));
+}
+
+/// When a key is due: past the range, a retried delivery comes back at once.
+#[tokio::test(start_paused = true)]
+async fn a_channel_past_its_range_delivers_a_retry() {
+    let (tx, mut rx) = Builder::new(WINDOW).acked();
+    advance(CENTURY_AND_A_HALF).await;
+    tx.send("k", 1).await.unwrap();
+    let delivery = rx.drain_now().remove(0).remove(0);
+    delivery.retry().await.unwrap();
+    let again = rx.try_recv().expect("a retry is due at once");
+    assert_eq!((again[0].values(), again[0].attempt()), (&[1][..], 2));
 }
 
 /// When a key is due: a window of 40 years is kept, not cut to 30.

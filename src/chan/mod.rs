@@ -1973,8 +1973,15 @@ where
         let count = values.len() as u64;
         let (rank, now) = chan.rank_alone(&mut state.last_now, input);
         let items = Items::Prepend(Returned::new(values, weights));
-        let mut inserted =
-            (state.queue).insert(hash, key, items, |_, _, _| Some(rank), F::USER_ORD);
+        let closed_at = state.closed_at;
+        // A key requeued after the close with nothing pending was not held back by the
+        // close: it is due as of the close (as if retried then), so that it counts by its
+        // own reason in `Deliveries`, not as `close`, however long after the close it came.
+        let rank = |current: Option<&F::Rank>, _, _| match (current, closed_at) {
+            (None, Some(at)) if !F::is_due(&rank, at) => Some(F::retried(rank, at)),
+            _ => Some(rank),
+        };
+        let mut inserted = (state.queue).insert(hash, key, items, rank, F::USER_ORD);
         state.counts.requeued += count;
         state
             .arrivals
