@@ -68,7 +68,9 @@
 //!   nothing pending gets a value, by a send or a `requeue`, so a key that empties and
 //!   fills again counts as a new arrival; values put back in front of a pending key join
 //!   its run. In an acknowledging channel a retried key's run is the one it went out in,
-//!   unless values came for it while it was out: then it is theirs.
+//!   unless nothing of the key was left pending and values came for it while it was out:
+//!   then it is theirs. (The rest of a key that a batch split stays pending, keeping the
+//!   run, and values that come join it.)
 //! - Each key with all of its pending values, in the order they were sent: the order they
 //!   went in (in a durable channel, the order their `send` calls resolved; a value held by
 //!   a `Sink` goes in when the sink next sends it), but for values handed back with

@@ -336,7 +336,9 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
     ///
     /// [`TrySendError::Closed`] if the channel is closed, and [`TrySendError::Full`] if a
     /// limit (`capacity`, `max_weight`, `max_keys`) leaves no room for it now, or earlier
-    /// `send` calls are waiting for room. A closed channel reports `Closed` even when full.
+    /// `send` or `blocking_send` calls are waiting for room, or (with `max_keys`) an earlier
+    /// send of the same key waits for a key slot: a value for a pending key goes past sends
+    /// of other keys that wait for one. A closed channel reports `Closed` even when full.
     /// The sort key, key and value come back either way.
     ///
     /// # Examples
@@ -717,9 +719,9 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
     ///
     /// # Errors
     ///
-    /// Once a receiver has seen the end of the stream (`recv` or the stream returned `None`,
-    /// or `try_recv` returned `Disconnected`), nothing will be delivered again, and the sort
-    /// key, key and values come back in the error.
+    /// Once a receiver (this one or any clone) has seen the end of the stream (`recv` or the
+    /// stream returned `None`, or `try_recv` returned `Disconnected`), nothing will be
+    /// delivered again, and the sort key, key and values come back in the error.
     ///
     /// # Examples
     ///

@@ -616,7 +616,9 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
     ///
     /// [`TrySendError::Closed`] if the channel is closed, and [`TrySendError::Full`] if a
     /// limit (`capacity`, `max_weight`, `max_keys`) leaves no room for it now, or earlier
-    /// `send` calls are waiting for room. A closed channel reports `Closed` even when full.
+    /// `send` or `blocking_send` calls are waiting for room, or (with `max_keys`) an earlier
+    /// send of the same key waits for a key slot: a value for a pending key goes past sends
+    /// of other keys that wait for one. A closed channel reports `Closed` even when full.
     /// The key and value come back either way.
     ///
     /// # Examples

@@ -336,3 +336,32 @@ async fn a_retried_keys_run_is_that_of_values_sent_while_it_was_out() {
     assert_eq!(order(false).await, ["a", "c"]);
     assert_eq!(order(true).await, ["c", "a"]);
 }
+
+/// ... unless the key was split: its rest stayed pending with the run, and values that came
+/// while the first part was out joined that run, so the retried key keeps it (and
+/// `oldest_pending` counts from its start).
+#[tokio::test(start_paused = true)]
+async fn a_split_keys_retry_keeps_its_run_with_values_sent_while_out() {
+    let (tx, mut rx) = Builder::new().max_batch(1).acked();
+    tx.send(1, "a", 1).await.unwrap();
+    tx.send(1, "a", 2).await.unwrap();
+    let delivery = rx.recv().await.unwrap().remove(0);
+    tokio::time::advance(std::time::Duration::from_millis(100)).await;
+    tx.send(1, "c", 3).await.unwrap();
+    tx.send(1, "a", 4).await.unwrap();
+    tokio::time::advance(std::time::Duration::from_millis(10)).await;
+    delivery.retry().await.unwrap();
+    assert_eq!(
+        rx.stats().oldest_pending,
+        Some(std::time::Duration::from_millis(110))
+    );
+    let mut keys = Vec::new();
+    while keys.len() < 4 {
+        let batch = rx.recv().await.unwrap();
+        for delivery in batch {
+            keys.push(*delivery.key());
+            delivery.ack().await.unwrap();
+        }
+    }
+    assert_eq!(keys, ["a", "a", "a", "c"]);
+}
