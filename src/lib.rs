@@ -159,7 +159,8 @@
 //!   why they came due, and how long the oldest pending run of values has waited.
 //! - Senders are [`Sink`]s too, so `stream.map(Ok).forward(tx)` works, and
 //!   `Sender::closed()` resolves once that sender can no longer send: every receiver is
-//!   gone, one called `close`, or the sender was closed as a `Sink`.
+//!   gone, one called `close`, a durable channel's log failed, or the sender was closed as
+//!   a `Sink`.
 //! - Receivers are [`FusedStream`]s, so `futures::select!` with `select_next_some()` works.
 //!
 //! [`Sink`]: futures_sink::Sink

@@ -386,8 +386,9 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Sender<S, K, V> {
 
 impl<S, K, V> Sender<S, K, V> {
     /// Whether this sender can no longer send: the channel is closed (by
-    /// [`Receiver::close`], every receiver going, or the last sender going, which only a
-    /// handle closed as a `Sink` outlives), or this handle was closed as a `Sink` with
+    /// [`Receiver::close`], every receiver going, the last sender going, which only a
+    /// handle closed as a `Sink` outlives, or a durable channel's log failing), or this
+    /// handle was closed as a `Sink` with
     /// `poll_close`. Sends then fail.
     ///
     /// # Examples
@@ -434,7 +435,8 @@ impl<S, K, V> Sender<S, K, V> {
     }
 
     /// Waits until this sender can no longer send: every receiver is gone, one called
-    /// [`Receiver::close`], or this handle was closed as a `Sink` with `poll_close`.
+    /// [`Receiver::close`], a durable channel's log failed, or this handle was closed as a
+    /// `Sink` with `poll_close`.
     ///
     /// # Cancel safety
     ///
@@ -714,8 +716,9 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
     ///
     /// The values go in front of every pending value of the key, those handed back before
     /// included (to keep several failed parts of a key in order, hand them back newest
-    /// first), and the key's rank becomes the smaller of its rank and `sort_key`. A requeue always has room: it may take the pending
-    /// count past the capacity.
+    /// first), and the key's rank becomes the smaller of its rank and `sort_key`. A requeue
+    /// always has room: it may take the pending count past the capacity. An empty `values`
+    /// changes nothing.
     ///
     /// # Errors
     ///

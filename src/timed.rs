@@ -565,7 +565,9 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
     /// deadline is the earlier of `deadline` and `window` after it enters the channel, so
     /// no value's deadline is later than `window` after it went in, and the key is due at
     /// the earliest of its values' deadlines. A deadline in the past makes the key due at
-    /// once; one before the channel was made counts as the moment it was made.
+    /// once; one before the channel was made counts as the moment it was made. (In a
+    /// channel older than about 146 years no deadline is reached, a past one included:
+    /// see the crate docs, *When a key is due*.)
     ///
     /// # Errors
     ///
@@ -637,7 +639,7 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
     }
 
     /// Sends a value that wants its key due no later than `deadline`, if the channel has
-    /// room.
+    /// room. The deadline is as for [`send_by`](Self::send_by).
     ///
     /// # Errors
     ///
@@ -742,8 +744,9 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
 
 impl<K, V> Sender<K, V> {
     /// Whether this sender can no longer send: the channel is closed (by
-    /// [`Receiver::close`], every receiver going, or the last sender going, which only a
-    /// handle closed as a `Sink` outlives), or this handle was closed as a `Sink` with
+    /// [`Receiver::close`], every receiver going, the last sender going, which only a
+    /// handle closed as a `Sink` outlives, or a durable channel's log failing), or this
+    /// handle was closed as a `Sink` with
     /// `poll_close`. Sends then fail.
     ///
     /// # Examples
@@ -794,7 +797,8 @@ impl<K, V> Sender<K, V> {
     }
 
     /// Waits until this sender can no longer send: every receiver is gone, one called
-    /// [`Receiver::close`], or this handle was closed as a `Sink` with `poll_close`.
+    /// [`Receiver::close`], a durable channel's log failed, or this handle was closed as a
+    /// `Sink` with `poll_close`.
     ///
     /// # Cancel safety
     ///
@@ -1101,7 +1105,7 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     /// first), and the key is due at once. After a close, a key that had nothing pending is
     /// due as of the close: it goes out after the keys that were due by then, and before
     /// those the close made due. A requeue always has room: it may take the pending count
-    /// past the capacity.
+    /// past the capacity. An empty `values` changes nothing.
     ///
     /// # Errors
     ///

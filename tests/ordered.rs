@@ -365,3 +365,16 @@ async fn a_split_keys_retry_keeps_its_run_with_values_sent_while_out() {
     }
     assert_eq!(keys, ["a", "a", "a", "c"]);
 }
+
+/// Requeue: an empty `Vec` changes nothing; the key keeps its rank.
+#[tokio::test(start_paused = true)]
+async fn requeue_of_nothing_changes_nothing() {
+    let (tx, mut rx) = ordered::channel();
+    tx.send(5, "k", 1).await.unwrap();
+    tx.send(7, "j", 2).await.unwrap();
+    rx.requeue(9, "k", Vec::new()).unwrap();
+    rx.requeue(1, "j", Vec::new()).unwrap();
+    rx.requeue(1, "x", Vec::new()).unwrap();
+    assert_eq!(rx.len(), 2);
+    assert_eq!(rx.try_recv(), Ok(vec![("k", vec![1]), ("j", vec![2])]));
+}

@@ -1024,3 +1024,30 @@ async fn a_send_that_never_comes_due_wakes_no_one() {
     tx.try_send_by(2, 2, Instant::now() + secs(1)).unwrap();
     assert!(recv.is_woken());
 }
+
+/// When a key is due: past the range a deadline in the past is not reached either (the
+/// `send_by` docs say so); a flush takes it out.
+#[tokio::test(start_paused = true)]
+async fn a_channel_past_its_range_does_not_reach_a_past_deadline() {
+    let (tx, mut rx) = timed::channel(WINDOW);
+    advance(CENTURY_AND_A_HALF).await;
+    tx.send_by("k", 1, Instant::now() - secs(1)).await.unwrap();
+    tx.try_send_by("j", 2, Instant::now()).unwrap();
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    tx.flush_all();
+    assert_eq!(rx.try_recv(), Ok(vec![("k", vec![1]), ("j", vec![2])]));
+}
+
+/// Requeue: an empty `Vec` changes nothing; the key keeps its deadline.
+#[tokio::test(start_paused = true)]
+async fn requeue_of_nothing_changes_nothing() {
+    let (tx, mut rx) = timed::channel(WINDOW);
+    tx.send("k", 1).await.unwrap();
+    rx.requeue("k", Vec::new()).unwrap();
+    rx.requeue("j", Vec::new()).unwrap();
+    assert_eq!(
+        (rx.len(), rx.next_deadline()),
+        (1, Some(Instant::now() + WINDOW))
+    );
+    assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+}
