@@ -300,7 +300,9 @@ impl<K, V> Delivery<K, V> {
     /// caps, with the failed values first.
     ///
     /// A retry beyond the builder's `max_attempts` sends the values to the dead letters
-    /// instead. Once the channel is closed, the delay is not waited for.
+    /// instead. Once the channel is closed, the delay is not waited for; a delay whose end
+    /// is past what the channel's clock can hold (about 584 years after it was made) never
+    /// ends before that.
     ///
     /// # Errors
     ///

@@ -697,3 +697,21 @@ async fn a_delayed_retry_ranks_by_the_end_of_its_delay() {
     assert_eq!(contents(&batch), vec![(1, vec![10, 11]), (2, vec![20])]);
     ack_all(batch).await;
 }
+
+/// `retry_after`: a delay whose end the clock cannot hold never ends, and no deadline is
+/// reported for it; the close brings the key out. It used to end about 584 years after the
+/// channel was made, which `next_deadline` reported too.
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_the_longest_delay_waits_for_the_close() {
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO).acked();
+    tx.send("k", 1).await.unwrap();
+    let delivery = rx.recv().await.unwrap().remove(0);
+    delivery.retry_after(Duration::MAX).await.unwrap();
+    assert_eq!(rx.next_deadline(), None);
+    let millennium = secs(1000 * 365 * 24 * 3600);
+    let waited = tokio::time::timeout(millennium, rx.recv()).await;
+    assert!(waited.is_err(), "came back after a millennium");
+    drop(tx);
+    let again = rx.recv().await.unwrap().remove(0);
+    assert_eq!((again.values(), again.attempt()), (&[1][..], 2));
+}

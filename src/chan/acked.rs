@@ -90,6 +90,9 @@ struct Flights<R> {
     live: usize,
 }
 
+/// The end of a delay too long for the clock: it never comes.
+const NEVER: u64 = u64::MAX;
+
 /// A retry held until `at`.
 struct Delayed<R> {
     at: u64,
@@ -184,9 +187,10 @@ impl<F: Flavor, K, V> Acked<F, K, V> {
         self.flights.live
     }
 
-    /// When the soonest held retry ends.
+    /// When the soonest held retry ends, if it ever does.
     pub(super) fn next_release(&self) -> Option<u64> {
-        self.delayed.peek().map(|Reverse(d)| d.at)
+        let at = self.delayed.peek().map(|Reverse(d)| d.at);
+        at.filter(|&at| at != NEVER)
     }
 
     pub(super) fn add_stats(&self, stats: &mut Stats) {
@@ -312,7 +316,7 @@ where
             return;
         };
         while let Some(Reverse(delayed)) = acked.delayed.peek() {
-            if !closed && delayed.at > now {
+            if !closed && (delayed.at > now || delayed.at == NEVER) {
                 break;
             }
             let Some(Reverse(delayed)) = acked.delayed.pop() else {
@@ -465,7 +469,9 @@ where
                             acked.delayed_seq += 1;
                             let seq = acked.delayed_seq;
                             acked.delayed.push(Reverse(Delayed {
-                                at: now.saturating_add(delay),
+                                // A delay whose end the clock cannot hold never ends: the
+                                // key waits for the close (`NEVER`, as no timer is set).
+                                at: now.checked_add(delay).unwrap_or(NEVER),
                                 seq,
                                 hold,
                                 rank,
