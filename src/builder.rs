@@ -167,7 +167,8 @@ impl<F, W> Builder<F, W> {
     /// weight stays at or under `n` with it (or nothing is pending), else `send` waits and
     /// `try_send` fails. In an acknowledging channel, values in flight count as pending here
     /// until their delivery is decided, and dead letters until they are taken (rule 3 of the
-    /// acknowledging receivers).
+    /// acknowledging receivers). In a durable channel, a `send` whose record is being
+    /// written counts as pending here too, though not in `Stats::pending_weight`.
     ///
     /// # Panics
     ///

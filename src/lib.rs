@@ -298,11 +298,14 @@
 //! custom waker anything at all) may wait for the lock, which never comes free: a custom
 //! waker that owns a handle of the channel must not be the handle's last owner, since the
 //! channel may drop its copy of the waker under the lock. In an
-//! acknowledging channel, a key whose `Clone` panicked cannot be held: it goes out whole,
-//! and its newer values are not held back while it is in flight, so it may have more than
-//! one delivery out at once. Each retry of such a key puts its values back at once
-//! (`retry_after` does not wait out the delay), in front of the key's pending values: the
-//! values retried last come first, whatever order they were sent in. `Hash`, the weigher
+//! acknowledging channel, a key whose `Clone` panicked cannot be held: that delivery goes
+//! out whole, and values sent for the key while it is in flight are not held back, so the
+//! key may have more than one delivery out at once. A later delivery of the key whose
+//! `Clone` does not panic is held as usual: newer values then wait for its decision. Each
+//! retry of a delivery that was not held puts its values back at once (`retry_after` does
+//! not wait out the delay), in front of the key's pending values (which wait for a held
+//! delivery of the key, if one is out): the values retried last come first, whatever order
+//! they were sent in. `Hash`, the weigher
 //! and, in a durable channel, `Serialize` run before the lock is taken, and never when a
 //! delivery is decided. Keys, values and sort keys are dropped, and wakers woken, after it
 //! is released, so their `Drop`, or a wake, may use the channel; the one exception is the

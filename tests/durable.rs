@@ -1205,3 +1205,28 @@ async fn waiting_sends_fail_when_the_log_does() {
         other => panic!("the waiting send did not fail: {other:?}"),
     }
 }
+
+/// `max_weight`: a `send` whose record is being written counts as pending weight, though
+/// `Stats` shows nothing pending, so a value heavier than what is left waits (or is `Full`).
+#[tokio::test]
+async fn a_send_being_written_holds_its_weight() {
+    let dir = TempDir::new().unwrap();
+    let (tx, rx) = timed::Builder::new(Duration::from_secs(1))
+        .weigher(|v: &u32| *v as usize)
+        .max_weight(10)
+        .durable(dir.path())
+        .open::<String, u32>()
+        .await
+        .unwrap();
+    let mut first = Box::pin(tx.send("a".to_string(), 8));
+    assert!(futures::poll!(&mut first).is_pending());
+    let stats = rx.stats();
+    assert_eq!((stats.pending_values, stats.pending_weight), (0, 0));
+    let refused = tx.try_send("b".to_string(), 20);
+    assert!(matches!(refused, Err(TrySendError::Full(_))), "{refused:?}");
+    let mut light = Box::pin(tx.send("c".to_string(), 2));
+    assert!(futures::poll!(&mut light).is_pending());
+    first.await.unwrap();
+    light.await.unwrap();
+    assert_eq!(rx.stats().pending_weight, 10);
+}

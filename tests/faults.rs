@@ -1423,3 +1423,23 @@ fn memory_falls_back_after_a_million_keys() {
     );
     drop((tx, rx));
 }
+
+/// A later delivery of a key that could not be held is held as usual, if its `Clone` does
+/// not panic: a `retry_after` of the first delivery then goes back at once, but waits, with
+/// the newer values, for the held delivery's decision (crate docs, *Panics in user code*).
+#[tokio::test(start_paused = true)]
+async fn unheld_keys_retry_waits_for_its_held_delivery() {
+    let (tx, mut rx) = ordered::Builder::new().acked::<u8, Touchy, u32>();
+    tx.try_send(0, Touchy(7), 1).unwrap();
+    let first = take_unheld(&mut rx);
+    tx.try_send(0, Touchy(7), 2).unwrap();
+    let second = rx.try_recv().unwrap().remove(0); // held: its clone went well
+    tx.try_send(0, Touchy(7), 3).unwrap();
+    first.retry_after(secs(5)).await.unwrap();
+    assert_eq!(rx.stats().pending_values, 2);
+    advance(secs(10)).await;
+    assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Empty);
+    second.ack().await.unwrap();
+    let again = rx.try_recv().unwrap().remove(0);
+    assert_eq!(again.values(), &[1, 3]);
+}
