@@ -74,9 +74,10 @@ impl<F, W> Builder<F, W> {
     /// Caps the number of values in one batch.
     ///
     /// A key with more values than the room left in a batch is split: its oldest values fill
-    /// the batch, and the rest keep the key's rank and run, so they lead the next batch unless
-    /// a key that ranks before them has come due meanwhile (a smaller rank, or an equal one
-    /// whose run started earlier). In an acknowledging channel the rest wait until the first
+    /// the batch, and the rest keep the key's rank (lowered by any earlier deadline, or
+    /// smaller sort key, sent for it since) and run, so they lead the next batch unless a key
+    /// that ranks before them has come due meanwhile (a smaller rank, or an equal one whose
+    /// run started earlier). In an acknowledging channel the rest wait until the first
     /// part's delivery is decided.
     ///
     /// # Panics
@@ -229,8 +230,8 @@ impl<F, W> Builder<F, W> {
 
     /// For an acknowledging channel (`acked()`, or durable; `build()` ignores it): the most
     /// times values are handed out. A retry after the `n`-th attempt sends them to the dead
-    /// letters instead of back into the queue. Off by default: values are retried for as
-    /// long as they fail.
+    /// letters instead of back into the queue. The default is `u32::MAX`, as good as none:
+    /// values are retried for as long as they fail, up to that many attempts.
     ///
     /// A delivery's attempt is its first value's count (see
     /// [`Delivery::attempt`](crate::ack::Delivery::attempt)), and values sent while their

@@ -45,9 +45,9 @@
 //! # When a key is due
 //!
 //! - **`timed`**: a key's deadline is the smallest deadline among its pending values (but
-//!   for the rest of a key that a batch split, which keeps the key's deadline: below). `send`
-//!   gives a value the deadline `now + window`, taken when the value enters the channel (after
-//!   any wait for room). `send_by(key, value, by)` gives it the earlier of `by` and
+//!   for the rest of a key that a batch split, which keeps the key's deadline, lowered by
+//!   any earlier one sent for it since: below). `send` gives a value the deadline
+//!   `now + window`, taken when the value enters the channel (after any wait for room). `send_by(key, value, by)` gives it the earlier of `by` and
 //!   `now + window`: "by" means "at the latest", so no value's deadline is later than
 //!   `window` after it went in. A `by` before the channel was made counts as the moment it
 //!   was made. A key is due when its deadline is at or before now. A key holding
@@ -76,9 +76,9 @@
 //!   a `Sink` goes in when the sink next sends it), but for values handed back with
 //!   `requeue`, which go in front.
 //! - At most `max_batch` values in all. A key with more values than the room left is split:
-//!   the rest keep its rank (in `ordered`, lowered by any smaller sort key sent for it since)
-//!   and its run, and lead the next batch unless a key that ranks before them (one of
-//!   smaller rank, or of equal rank whose run started earlier) has come due meanwhile. In an
+//!   the rest keep its rank (lowered by any earlier deadline, or smaller sort key, sent for
+//!   it since) and its run, and lead the next batch unless a key that ranks before them (one
+//!   of smaller rank, or of equal rank whose run started earlier) has come due meanwhile. In an
 //!   acknowledging channel the rest wait until the first part's delivery is decided.
 //! - Never nothing: a batch is never empty.
 //!

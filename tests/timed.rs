@@ -271,6 +271,24 @@ async fn smaller_rank_overtakes_split_remainder() {
     assert_eq!(rx.try_recv(), Ok(vec![("c", vec![9]), ("a", vec![3])]));
 }
 
+/// What a batch holds: a split key's remainder keeps its deadline, lowered by an earlier one
+/// sent for it since: then it goes before a key whose deadline lies between the two.
+#[tokio::test(start_paused = true)]
+async fn split_remainder_is_lowered_by_an_earlier_deadline() {
+    let (tx, mut rx) = Builder::new(WINDOW).max_batch(2).build();
+    let start = Instant::now();
+    for v in 1..=3 {
+        tx.send("a", v).await.unwrap(); // start + 10 s
+    }
+    advance(WINDOW).await;
+    assert_eq!(rx.recv().await, Some(vec![("a", vec![1, 2])]));
+
+    tx.send_by("c", 9, start + secs(5)).await.unwrap();
+    tx.send_by("a", 4, start + secs(1)).await.unwrap();
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![3, 4])]));
+    assert_eq!(rx.try_recv(), Ok(vec![("c", vec![9])]));
+}
+
 /// What a batch holds: a batch never holds more than `max_batch` values, and is never empty.
 #[tokio::test(start_paused = true)]
 async fn batches_are_capped_and_never_empty() {
