@@ -300,9 +300,9 @@ impl<K, V> Delivery<K, V> {
     /// caps, with the failed values first.
     ///
     /// A retry beyond the builder's `max_attempts` sends the values to the dead letters
-    /// instead. Once the channel is closed, the delay is not waited for; a delay whose end
-    /// is past what the channel's clock can hold (about 584 years after it was made) never
-    /// ends before that.
+    /// instead. Once the channel is closed, the delay is not waited for. In memory, a delay
+    /// whose end is past what the channel's clock can hold (about 584 years after it was
+    /// made) never ends: the key waits for the close.
     ///
     /// # Errors
     ///
@@ -571,8 +571,9 @@ pub struct DeadLetter<K, V> {
     pub key: K,
     /// Its values, in the order they were sent.
     pub values: Vec<V>,
-    /// How many times they were handed out: the last delivery's
-    /// [`attempt`](Delivery::attempt).
+    /// How many times the first of them was handed out: the last delivery's
+    /// [`attempt`](Delivery::attempt), which values that joined the key while it was out
+    /// share.
     pub attempts: u32,
 }
 

@@ -715,3 +715,40 @@ async fn a_retry_after_the_longest_delay_waits_for_the_close() {
     let again = rx.recv().await.unwrap().remove(0);
     assert_eq!((again.values(), again.attempt()), (&[1][..], 2));
 }
+
+/// `Deliveries::due`: a retried key counts by the reason it went out with, unless values sent
+/// while it was out made it due sooner for another reason: a full key, or a flush.
+#[tokio::test(start_paused = true)]
+async fn a_retried_key_counts_by_the_reason_its_newer_values_gave_it() {
+    let (tx, mut rx) = timed::Builder::new(secs(1)).max_values_per_key(2).acked();
+    tx.send("k", 1).await.unwrap();
+    let d = rx.recv().await.unwrap().remove(0);
+    tx.send("k", 2).await.unwrap();
+    tx.send("k", 3).await.unwrap(); // full while out
+    d.retry().await.unwrap();
+    let d = rx.try_recv().unwrap().remove(0);
+    assert_eq!(d.values(), &[1, 2, 3]);
+    let by = rx.stats().delivered_by;
+    assert_eq!((by.due, by.full_key), (1, 1), "{by:?}");
+    d.ack().await.unwrap();
+
+    tx.send("j", 1).await.unwrap();
+    advance(secs(1)).await;
+    let d = rx.recv().await.unwrap().remove(0);
+    tx.send("j", 2).await.unwrap();
+    tx.flush(&"j"); // flushed while out
+    d.retry().await.unwrap();
+    let d = rx.try_recv().unwrap().remove(0);
+    assert_eq!(d.values(), &[1, 2]);
+    let by = rx.stats().delivered_by;
+    assert_eq!((by.due, by.full_key, by.flush), (2, 1, 1), "{by:?}");
+
+    // A retried key whose newer values gave it no other reason counts by its own.
+    tx.send("i", 1).await.unwrap();
+    advance(secs(1)).await;
+    let d = rx.recv().await.unwrap().remove(0);
+    tx.send("i", 2).await.unwrap();
+    d.retry().await.unwrap();
+    assert_eq!(rx.try_recv().unwrap().remove(0).values(), &[1, 2]);
+    assert_eq!(rx.stats().delivered_by.due, 4);
+}

@@ -353,6 +353,79 @@ async fn a_delivery_from_before_a_rollback_decides_nothing_new() {
     assert_eq!(left, 0);
 }
 
+/// A delivery that was in flight when the snapshot was taken is in flight in it too: after
+/// the server comes back from the snapshot, its ack is taken, and its values do not go out
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_the_snapshot_holds_is_decided_as_usual() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let queue = builder(&server, "held-in-snapshot", ms(10));
+    let tx: Sender<u32, u32> = queue.sender().await.unwrap();
+    let mut rx: Receiver<u32, u32> = queue.receiver().await.unwrap();
+    tx.send(7, 1).await.unwrap();
+    let held = step("the recv", rx.recv()).await.unwrap().unwrap();
+    // The snapshot: key 7 in flight with [1].
+    assert_eq!(server.command(&["SAVE"]), "+OK\r\n");
+    server.restart();
+    past_reconnect("the receiver", || rx.len()).await.0.unwrap();
+    step("the ack", ack::ack_all(held)).await.unwrap();
+    assert_eq!(rx.len().await.unwrap(), 0);
+}
+
+/// A proxy to the server at `port` that holds each chunk a client sends for `delay`: every
+/// round trip takes at least `delay`.
+fn slow_proxy(port: u16, delay: Duration) -> u16 {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    fn pass(mut from: TcpStream, mut to: TcpStream, delay: Duration) {
+        let mut buf = vec![0; 1 << 16];
+        while let Ok(n @ 1..) = from.read(&mut buf) {
+            std::thread::sleep(delay);
+            if to.write_all(&buf[..n]).is_err() {
+                return;
+            }
+        }
+    }
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let proxy = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let server = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let (back, up) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            std::thread::spawn(move || pass(server, back, Duration::ZERO));
+            std::thread::spawn(move || pass(client, up, delay));
+        }
+    });
+    proxy
+}
+
+/// `len` reads every shard's count in one round trip: with each request held 250 ms on its
+/// way, eight shards read one after another would take 2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn len_is_one_round_trip_however_many_shards() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let delay = ms(250);
+    let port = slow_proxy(server.port(), delay);
+    let tx: Sender<u32, u32> = builder(&server, "len", ms(20))
+        .shards(8)
+        .sender()
+        .await
+        .unwrap();
+    let slow = redis::Builder::new(format!("redis://127.0.0.1:{port}/"), "len", ms(20));
+    let rx: Receiver<u32, u32> = slow.shards(8).receiver().await.unwrap();
+    for key in 0..32 {
+        tx.send(key, 1).await.unwrap();
+    }
+    let start = Instant::now();
+    assert_eq!(rx.len().await.unwrap(), 32);
+    let took = start.elapsed();
+    assert!(took >= delay && took < 4 * delay, "len took {took:?}");
+}
+
 // ===== bad addresses =====
 
 #[tokio::test]
@@ -373,6 +446,29 @@ async fn nothing_listens_at_the_url() {
         .unwrap_err();
     assert!(matches!(err, Error::Connection(_)), "{err:?}");
     eprintln!("closed port: both refused within {:?}", started.elapsed());
+}
+
+/// A server that is reached but refuses the connection (a database it does not have, a
+/// wrong password) answered with an error: `Error::Server`, not `Error::Connection`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_is_a_server_error() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let port = server.port();
+    let database = redis::Builder::new(format!("redis://127.0.0.1:{port}/99"), "q", ms(20));
+    let err = database.sender::<u32, u32>().await.unwrap_err();
+    assert!(matches!(err, Error::Server(_)), "{err:?}");
+    let err = database.receiver::<u32, u32>().await.unwrap_err();
+    assert!(matches!(err, Error::Server(_)), "{err:?}");
+
+    let set = server.command(&["CONFIG", "SET", "requirepass", "hunter2"]);
+    assert_eq!(set, "+OK\r\n");
+    let password = redis::Builder::new(format!("redis://:wrong@127.0.0.1:{port}/"), "q", ms(20));
+    let err = password.sender::<u32, u32>().await.unwrap_err();
+    assert!(matches!(err, Error::Server(_)), "{err:?}");
+    let err = password.receiver::<u32, u32>().await.unwrap_err();
+    assert!(matches!(err, Error::Server(_)), "{err:?}");
 }
 
 #[tokio::test]
@@ -412,6 +508,28 @@ async fn a_password_in_the_url_is_not_printed() {
     }
     let alone = redis::Builder::new("redis://hunter2@127.0.0.1/", "q", ms(20));
     assert!(!format!("{alone:?}").contains("hunter2"));
+}
+
+/// A Unix socket's URL carries its password in the query, as `pass` (which the client also
+/// reads percent-encoded): that stays out of what a log would print too.
+#[tokio::test]
+async fn a_password_in_a_unix_urls_query_is_not_printed() {
+    for url in [
+        "redis+unix:///tmp/kb.sock?pass=hunter2&db=notanumber",
+        "redis+unix:///tmp/kb.sock?db=notanumber&p%61ss=hunter2",
+    ] {
+        let queue = redis::Builder::new(url, "q", ms(20));
+        assert!(!format!("{queue:?}").contains("hunter2"), "{queue:?}");
+        let err = queue.sender::<u32, u32>().await.unwrap_err();
+        let Error::Url { url, .. } = &err else {
+            panic!("{err:?}");
+        };
+        assert!(url.starts_with("redis+unix:///tmp/kb.sock?"), "{url}");
+        assert!(url.contains("ss=***"), "{url}");
+        for text in [err.to_string(), format!("{err:?}")] {
+            assert!(!text.contains("hunter2"), "{text}");
+        }
+    }
 }
 
 // ===== values that do not decode =====

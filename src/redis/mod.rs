@@ -69,8 +69,10 @@
 //! What survives a Redis restart is what Redis persists: with `appendonly yes` and
 //! `appendfsync always`, no value whose `send` returned is lost (dead letters fetched into
 //! a process aside, as the table says). A server that comes back from an older snapshot
-//! rolls the queue back to it: deliveries held from before decide nothing of it (their
-//! decisions fail with [`LeaseLost`]), and what the snapshot holds goes out again.
+//! rolls the queue back to it: a delivery taken after the snapshot decides nothing of it
+//! (its decisions fail with [`LeaseLost`]), and what the snapshot holds of its values goes
+//! out again; a delivery that the snapshot holds in flight is still held, and decided as
+//! usual.
 //!
 //! [`Stream`]: futures_core::Stream
 //! [`Delivery`]: crate::ack::Delivery
@@ -149,10 +151,26 @@ impl fmt::Debug for Builder {
     }
 }
 
-/// `url` with the password in its user info, if any, replaced by `***`: `redis://:pw@h`
-/// and `redis://user:pw@h` keep their user, and user info with no `:` goes whole, since a
-/// URL may carry a password alone there.
+/// `url` with its passwords, if any, replaced by `***`: the one in its user info
+/// (`redis://:pw@h` and `redis://user:pw@h` keep their user, and user info with no `:` goes
+/// whole, since a URL may carry a password alone there), and the value of every `pass`
+/// parameter in its query (where a `redis+unix://` URL carries one).
 fn redacted(url: &str) -> String {
+    let url = redacted_user_info(url);
+    let Some((head, query)) = url.split_once('?') else {
+        return url;
+    };
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, _)) if form_decoded(name) == b"pass" => format!("{name}=***"),
+            _ => pair.to_string(),
+        })
+        .collect();
+    format!("{head}?{}", pairs.join("&"))
+}
+
+fn redacted_user_info(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
@@ -162,6 +180,33 @@ fn redacted(url: &str) -> String {
     };
     let user = user_info.split_once(':').map_or("", |(user, _)| user);
     format!("{scheme}://{user}:***@{host}{path}")
+}
+
+/// A query parameter's name as the client reads it: `+` is a space and `%XX` a byte.
+fn form_decoded(name: &str) -> Vec<u8> {
+    let bytes = name.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .filter(|hex| hex.iter().all(u8::is_ascii_hexdigit));
+        let hex = hex.map(|hex| {
+            let digits = std::str::from_utf8(hex).expect("ASCII");
+            u8::from_str_radix(digits, 16).expect("two hex digits")
+        });
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+                continue;
+            }
+            (b'+', _) => out.push(b' '),
+            (byte, _) => out.push(byte),
+        }
+        i += 1;
+    }
+    out
 }
 
 impl Builder {
@@ -266,8 +311,9 @@ impl Builder {
     /// # Errors
     ///
     /// [`Error::Url`] if the URL does not parse, [`Error::Connection`] if the server cannot
-    /// be reached, [`Error::Mismatch`] if the queue was created with another window, number
-    /// of shards or flavour.
+    /// be reached, [`Error::Server`] if it refuses the connection (a wrong password, a
+    /// database it does not have), [`Error::Mismatch`] if the queue was created with another
+    /// window, number of shards or flavour.
     pub async fn sender<K: Serialize, V: Serialize>(&self) -> Result<Sender<K, V>, Error> {
         Ok(Sender::new(Queue::open(self).await?))
     }
@@ -353,6 +399,16 @@ impl std::error::Error for Error {
 }
 
 impl Error {
+    /// An error from making a connection: a server that refused it (a wrong password, a
+    /// database it does not have) answered with an error, although the client would
+    /// reconnect after a failed login.
+    fn from_connecting(err: RedisError, queue: &str) -> Self {
+        match err.kind() {
+            ::redis::ErrorKind::AuthenticationFailed => Error::Server(err),
+            _ => Error::from_redis(err, queue),
+        }
+    }
+
     fn from_redis(err: RedisError, queue: &str) -> Self {
         if err.code() == Some("KBGONE") {
             Error::Gone {
@@ -430,7 +486,7 @@ impl Queue {
             .set_max_delay(Duration::from_millis(500));
         let conn = ConnectionManager::new_with_config(client.clone(), manager)
             .await
-            .map_err(Error::Connection)?;
+            .map_err(|err| Error::from_connecting(err, &config.name))?;
         let shards = if config.shards == 1 {
             vec![format!("{{{}}}", config.name)]
         } else {
@@ -553,7 +609,7 @@ impl Queue {
         self.client
             .get_multiplexed_async_connection_with_config(&config)
             .await
-            .map_err(Error::Connection)
+            .map_err(|err| Error::from_connecting(err, &self.config.name))
     }
 }
 

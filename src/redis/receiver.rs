@@ -218,17 +218,18 @@ where
     /// If the server cannot be reached or answers with an error.
     pub async fn len(&self) -> Result<u64, Error> {
         let mut conn = self.shared.queue.conn.clone();
-        let mut total = 0;
+        // Every shard's count in one pipeline: one round trip, however many shards.
+        let mut pipe = ::redis::pipe();
         for prefix in &self.shared.queue.shards {
-            let pending: Option<u64> = ::redis::cmd("HGET")
+            pipe.cmd("HGET")
                 .arg(format!("{prefix}:meta"))
-                .arg("pending")
-                .query_async(&mut conn)
-                .await
-                .map_err(|err| Error::from_redis(err, &self.shared.queue.config.name))?;
-            total += pending.unwrap_or(0);
+                .arg("pending");
         }
-        Ok(total)
+        let counts: Vec<Option<u64>> = pipe
+            .query_async(&mut conn)
+            .await
+            .map_err(|err| Error::from_redis(err, &self.shared.queue.config.name))?;
+        Ok(counts.into_iter().flatten().sum())
     }
 
     /// Whether the queue holds no value, in flight or not.
