@@ -86,10 +86,12 @@ pub struct Stats {
     /// the last counts that attempt and every later one.
     pub attempts: [u64; 8],
     /// Values dropped because every receiver was gone: those pending when the last one
-    /// went (values still in the inbox then included: their sends returned `Ok`, but they
-    /// never went in, so `sent` does not count them), dead letters not taken, and, in an
-    /// acknowledging channel, values retried or dropped undecided after that. A durable channel's log still has them: they come back
-    /// when its directory is opened again. Also values sent through the inbox that user code
+    /// went (values waiting in the inbox then go in first, and count in `sent`; a send that
+    /// races the last receiver's drop may return `Ok` with its value lost from the inbox,
+    /// before it went in, and `sent` does not count that one), dead letters not taken, and,
+    /// in an acknowledging channel, values retried or dropped undecided after that. A
+    /// durable channel's log still has them: they come back when its directory is opened
+    /// again. Also values sent through the inbox that user code
     /// panicked on before they went in (their key's `Eq`, or `Ord` or `Clone` of any sort
     /// key compared), or whose weight would overflow the total pending weight (see the crate
     /// docs, *Panics in user code*).

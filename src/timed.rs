@@ -168,7 +168,8 @@ impl Flavor for Deadlines {
         // A key that is due already keeps the reason it came due for (`Deliveries`: the
         // first reason counts), though an earlier deadline still moves it up.
         let reason = match current {
-            Some(current) if current.at() <= now => current.reason(),
+            // (A deadline out of reach is not due, in a channel however old.)
+            Some(current) if Self::is_due(current, now) => current.reason(),
             _ => reason,
         };
         Some(match at_once {
@@ -1047,6 +1048,8 @@ impl<K: Hash + Eq + Clone, V> Receiver<K, V> {
     ///
     /// Returns `Poll::Pending` until a key is due, and `Poll::Ready(None)` once the channel is
     /// closed and drained. When pending, the waker in `cx` is woken when a key may be due.
+    /// It takes part in tokio's cooperative scheduling: once the task's budget is spent it
+    /// returns `Poll::Pending` with keys due, and the task is woken to go on.
     ///
     /// A receiver that returned `Pending` stays registered, with its timer set, until it is
     /// polled again, calls `try_recv` or `drain_now`, or is dropped; the `Stream` impl works

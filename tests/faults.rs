@@ -1443,3 +1443,59 @@ async fn unheld_keys_retry_waits_for_its_held_delivery() {
     let again = rx.try_recv().unwrap().remove(0);
     assert_eq!(again.values(), &[1, 3]);
 }
+
+/// `Stats::lost`: values waiting in the inbox when the last receiver goes are taken in
+/// first, so `sent` counts them, and then lost with the other pending values. Here the
+/// value waits there because it was sent by a key's `Eq`, under the lock, and is due later
+/// than the deadline the receiver published.
+#[tokio::test(start_paused = true)]
+async fn values_in_the_inbox_when_the_last_receiver_goes_are_sent_then_lost() {
+    use std::cell::RefCell;
+    use std::hash::{Hash, Hasher};
+    use std::rc::Rc;
+
+    type Hook = Box<dyn FnOnce()>;
+    thread_local! {
+        static HOOK: RefCell<Option<Hook>> = RefCell::new(None);
+    }
+    #[derive(Clone, Debug)]
+    struct Hooked(u32);
+    impl PartialEq for Hooked {
+        fn eq(&self, other: &Self) -> bool {
+            if let Some(hook) = HOOK.with(|h| h.borrow_mut().take()) {
+                hook();
+            }
+            self.0 == other.0
+        }
+    }
+    impl Eq for Hooked {}
+    impl Hash for Hooked {
+        fn hash<H: Hasher>(&self, state: &mut H) {
+            state.write_u8(0);
+        }
+    }
+
+    let (tx, mut rx) = timed::channel::<Hooked, i32>(Duration::from_secs(10));
+    tx.try_send(Hooked(1), 1).unwrap();
+    let mut waiting = tokio_test::task::spawn(());
+    // The receiver waits, publishing the key's deadline, and takes it then.
+    assert!(waiting.enter(|cx, _| rx.poll_recv(cx)).is_pending());
+    tokio::time::advance(Duration::from_secs(10)).await;
+    assert!(waiting.enter(|cx, _| rx.poll_recv(cx)).is_ready());
+    tx.try_send(Hooked(1), 2).unwrap();
+    let again = tx.clone();
+    let sent = Rc::new(RefCell::new(None));
+    let kept = Rc::clone(&sent);
+    HOOK.with(|h| {
+        *h.borrow_mut() = Some(Box::new(move || {
+            again.try_send(Hooked(2), 20).unwrap();
+            *kept.borrow_mut() = Some(again);
+        }))
+    });
+    tx.try_send(Hooked(1), 3).unwrap();
+    assert!(sent.borrow().is_some(), "the hook ran");
+    drop(rx);
+    let s = tx.stats();
+    assert_eq!((s.sent, s.delivered, s.lost), (4, 1, 3), "{s:?}");
+    assert_eq!((s.pending_values, s.pending_keys), (0, 0), "{s:?}");
+}

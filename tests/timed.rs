@@ -741,7 +741,9 @@ async fn a_channel_past_its_range_delivers_what_is_made_due() {
 }
 
 /// When a key is due: past the range, a key full by `max_values_per_key` is due at once,
-/// and a requeued one too; and a receiver waiting in a task is woken by a flush there.
+/// and a requeued one too; and a receiver waiting in a task is woken by a flush there. Each
+/// counts by its reason in `Deliveries` (the full key was counted as `due`, as if the
+/// deadline it never reaches had passed).
 #[tokio::test(start_paused = true)]
 async fn a_channel_past_its_range_delivers_full_requeued_and_flushed_keys() {
     let (tx, mut rx) = Builder::new(WINDOW).max_values_per_key(2).build();
@@ -763,6 +765,8 @@ async fn a_channel_past_its_range_delivers_full_requeued_and_flushed_keys() {
     );
     tx.flush(&"j");
     assert_eq!(waiting.await.unwrap(), Some(vec![("j", vec![3])]));
+    let by = tx.stats().delivered_by;
+    assert_eq!((by.full_key, by.due, by.flush), (1, 1, 1), "{by:?}");
 }
 
 /// When a key is due: past the range, a retried delivery comes back at once.

@@ -90,8 +90,10 @@
 //!   record types, so another type with a compatible encoding opens without error. They
 //!   must come back through postcard, which does not describe what it encodes: a type
 //!   whose `Deserialize` needs a format that does (`serde_json::Value`, enums with
-//!   `#[serde(untagged)]` or `#[serde(tag = "…")]`, structs with `#[serde(flatten)]`) is
-//!   written without error, and then fails to open with [`OpenError::Decode`].
+//!   `#[serde(untagged)]` or `#[serde(tag = "…")]`) is written without error, and then
+//!   fails to open with [`OpenError::Decode`]. A struct with `#[serde(flatten)]` does not
+//!   even encode (postcard needs a map's length first): its `send` panics, before anything
+//!   is written.
 //! - A bad record at the end of the newest segment is taken for a torn one (a write cut
 //!   short by a crash), whatever damaged it, and cut off;
 //!   [`Stats::log_truncated_bytes`](crate::stats::Stats::log_truncated_bytes) says how
@@ -129,7 +131,7 @@
 //! only, once none of their values is live; values held a long time are copied forward
 //! first. So the log's size stays within about twice its live records plus two segments
 //! (the newest may run past `segment_size` by one commit's records, and, while a copy
-//! forward runs, by what it copies): two to four segments when little is pending, however
+//! forward runs, by what it copies): one to four segments when little is pending, however
 //! long one delivery is held.
 
 use std::fmt;
