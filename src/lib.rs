@@ -47,10 +47,11 @@
 //! - **`timed`**: a key's deadline is the smallest deadline among its pending values (but
 //!   for the rest of a key that a batch split, which keeps the key's deadline, lowered by
 //!   any earlier one sent for it since: below). `send` gives a value the deadline
-//!   `now + window`, taken when the value enters the channel (after any wait for room). `send_by(key, value, by)` gives it the earlier of `by` and
-//!   `now + window`: "by" means "at the latest", so no value's deadline is later than
-//!   `window` after it went in. A `by` before the channel was made counts as the moment it
-//!   was made. A key is due when its deadline is at or before now. A key holding
+//!   `now + window`, taken when the value enters the channel (after any wait for room).
+//!   `send_by(key, value, by)` gives it the earlier of `by` and `now + window`: "by" means
+//!   "at the latest", so no value's deadline is later than `window` after it went in. A
+//!   `by` before the channel was made counts as the moment it was made. A key is due when
+//!   its deadline is at or before now. A key holding
 //!   `max_values_per_key` values (or `max_key_weight` weight) is due at once. A deadline too
 //!   far off to represent (more than about 146 years after the channel was made) is never
 //!   reached, and never comes early: such a key waits for a flush, a close, or (by
@@ -78,8 +79,8 @@
 //! - At most `max_batch` values in all. A key with more values than the room left is split:
 //!   the rest keep its rank (lowered by any earlier deadline, or smaller sort key, sent for
 //!   it since) and its run, and lead the next batch unless a key that ranks before them (one
-//!   of smaller rank, or of equal rank whose run started earlier) has come due meanwhile. In an
-//!   acknowledging channel the rest wait until the first part's delivery is decided.
+//!   of smaller rank, or of equal rank whose run started earlier) has come due meanwhile.
+//!   In an acknowledging channel the rest wait until the first part's delivery is decided.
 //! - Never nothing: a batch is never empty.
 //!
 //! *Due* is when a key may be taken. A waiting receiver takes it then (about one timer tick
