@@ -214,3 +214,42 @@ fn a_send_that_finds_values_in_the_inbox_joins_them() {
         ]
     );
 }
+
+/// `Stats::lost`: a value that an `Eq` under the lock sends, due no sooner than the
+/// receiver's deadline, waits in the inbox; when the last receiver then goes, it is taken in
+/// first, so `sent` counts it, and it is lost with the other pending values.
+#[test]
+fn values_in_the_inbox_when_the_last_receiver_goes_are_sent_then_lost() {
+    let stats = finishes_within(Duration::from_secs(10), || {
+        paused_runtime().block_on(async {
+            let (tx, mut rx) = timed::channel(Duration::from_secs(10));
+            let receiver = tokio::spawn(async move { while rx.next().await.is_some() {} });
+            tx.try_send(Hooked(1), 1).unwrap();
+            // The receiver takes `Hooked(1)` at 10 s, then sleeps until its next value is
+            // due, at 20 s.
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            tokio::task::yield_now().await;
+            tx.try_send(Hooked(1), 2).unwrap();
+            tokio::task::yield_now().await;
+            let kept = hook_sends(&tx, |tx| tx.try_send(Hooked(2), 20).unwrap());
+            // Compares `Hooked(1)` with itself, under the lock: the hook's value, due at 20 s
+            // too, waits in the inbox.
+            tx.try_send(Hooked(1), 3).unwrap();
+            receiver.abort();
+            assert!(receiver.await.unwrap_err().is_cancelled());
+            let stats = tx.stats();
+            drop(kept);
+            stats
+        })
+    });
+    assert_eq!(
+        (stats.sent, stats.delivered, stats.lost),
+        (4, 1, 3),
+        "{stats:?}"
+    );
+    assert_eq!(
+        (stats.pending_values, stats.pending_keys),
+        (0, 0),
+        "{stats:?}"
+    );
+}
