@@ -36,7 +36,11 @@
 //! `now + window`. Other pushes, and rank changes, cost O(log n) in a binary heap, amortized
 //! (stale index entries are dropped in bulk, and the table grows by doubling). A key holds
 //! a constant-sized slot plus its values (and their weights, once one differs from 1);
-//! there is no index entry per value.
+//! there is no index entry per value. Up to 7,168 keys the slots sit in the hash table
+//! itself; past that, in a slab behind a table of 8-byte positions, which stays in cache
+//! far longer, and back in the table at the first batch taken with fewer than 896 keys
+//! left. A queue holds at most `u32::MAX` keys at once (over 300 GB of slots): a push of a
+//! new key past that panics, changing nothing.
 //!
 //! # Panics in user code
 //!
@@ -59,14 +63,15 @@ use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::panic::{self, AssertUnwindSafe};
 
-use hashbrown::hash_table::Entry;
-use hashbrown::{DefaultHashBuilder, HashTable};
+use hashbrown::DefaultHashBuilder;
 
 use self::index::{Index, Ticket};
+use self::slab::{SlotEntry, Slots};
 pub(crate) use self::slot::{Front, Items, Returned};
 use self::slot::{Slot, Values, HELD};
 
 mod index;
+mod slab;
 mod slot;
 #[cfg(test)]
 mod tests;
@@ -87,9 +92,9 @@ const SHRINK_ABOVE: usize = 4096;
 /// `R` is the rank (smaller comes first), `K` the key and `V` the value. See the
 /// [module documentation](self) for the rules and costs.
 pub struct SortedQueue<R, K, V> {
-    /// One slot per pending key. The table stores each key's hash, so lookups by ticket and
+    /// One slot per pending key. Each slot stores its key's hash, so lookups by ticket and
     /// resizes never call `K`'s `Hash` or `Eq`.
-    slots: HashTable<Slot<R, K, V>>,
+    slots: Slots<R, K, V>,
     hasher: DefaultHashBuilder,
     index: Index<R>,
     /// Pending values, over all keys.
@@ -110,7 +115,7 @@ pub struct SortedQueue<R, K, V> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Capacity {
-    /// Pending keys the table has room for.
+    /// Pending keys the queue has room for.
     pub keys: usize,
     /// Entries the rank index has room for.
     pub index: usize,
@@ -174,8 +179,8 @@ enum Share<R, K, V> {
     Whole(Slot<R, K, V>),
     /// The slot stays, in the table: a split, or a hold.
     Kept {
-        /// Where the slot sits in the table.
-        bucket: usize,
+        /// Where the slot sits in the slab.
+        at: usize,
         id: u64,
         count: usize,
         weight: usize,
@@ -440,7 +445,7 @@ impl<R: Ord, K, V> SortedQueue<R, K, V> {
     /// ```
     pub fn new() -> Self {
         SortedQueue {
-            slots: HashTable::new(),
+            slots: Slots::default(),
             hasher: DefaultHashBuilder::default(),
             index: Index::new(),
             values: 0,
@@ -829,7 +834,7 @@ where
                     }
                 }
                 Share::Kept {
-                    bucket,
+                    at,
                     id,
                     count,
                     weight,
@@ -837,10 +842,8 @@ where
                     rank,
                 } => {
                     // Removing planned slots moves no other slot, but check the id all the same.
-                    let slot = match self.slots.get_bucket_mut(bucket) {
-                        Some(slot) if slot.ticket == id => slot,
-                        _ => unreachable!("a planned slot stays in its bucket"),
-                    };
+                    let slot = self.slots.get_mut(at);
+                    assert!(slot.ticket == id, "a planned slot stays where it is");
                     self.values -= count;
                     self.weight -= weight;
                     let run = Run {
@@ -906,7 +909,7 @@ where
                     // One probe per key: it tells whether the ticket is live and finds the
                     // slot, which either leaves the table here or is reached again by its
                     // bucket.
-                    let Ok(entry) = slots.find_entry(hash, |s| s.ticket == id) else {
+                    let Some(entry) = slots.find_entry(hash, |s| s.ticket == id) else {
                         // A stale ticket that surfaced once the key ahead of it was planned.
                         index.pop(side);
                         continue;
@@ -964,9 +967,8 @@ where
                                 }
                             }
                         };
-                        let bucket = entry.bucket_index();
                         shares.push(Share::Kept {
-                            bucket,
+                            at: entry.at(),
                             id,
                             count,
                             weight,
@@ -974,7 +976,7 @@ where
                             rank,
                         });
                     } else {
-                        shares.push(Share::Whole(entry.remove().0));
+                        shares.push(Share::Whole(entry.remove()));
                     }
                     // A split key keeps its ticket, and its place at the front; every other
                     // key leaves the index here.
@@ -994,7 +996,7 @@ where
             // them: rebuild the index.
             for share in plan.shares.drain(..) {
                 if let Share::Whole(slot) = share {
-                    self.slots.insert_unique(slot.hash, slot, |s| s.hash);
+                    self.slots.insert_unique(slot);
                 }
             }
             self.plans = plan;
@@ -1064,14 +1066,14 @@ where
     pub(crate) fn release(&mut self, hold: Hold, rank: Release<R>) -> (bool, Option<K>) {
         self.repair();
         let held = HELD | hold.id;
-        let Ok(entry) = self.slots.find_entry(hold.hash, |s| s.ticket == held) else {
+        let Some(entry) = self.slots.find_entry(hold.hash, |s| s.ticket == held) else {
             if let Release::Lower(r) = rank {
                 self.index.discard(r);
             }
             return (false, None);
         };
         if entry.get().values.is_empty() {
-            let (slot, _) = entry.remove();
+            let slot = entry.remove();
             self.held_empty -= 1;
             self.index.discard(slot.rank);
             if let Release::Lower(r) = rank {
@@ -1143,11 +1145,10 @@ where
             panic: None,
         };
         // Only a lowered rank leaves a stale ticket behind; only a new ticket can lead.
-        let stale = match self.slots.entry(hash, |s| s.key == key, |s| s.hash) {
-            Entry::Occupied(mut entry) if entry.get().is_held() => {
+        let stale = match self.slots.entry(hash, |s| s.key == key) {
+            SlotEntry::Occupied(slot) if slot.is_held() => {
                 // A held slot takes the values, but stays held: no ticket, and it does not
                 // lead. Its rank is what the values that came while it was held give it.
-                let slot = entry.get_mut();
                 let (values, slot_weight) = (slot.values.len(), slot.weight());
                 if values == 0 {
                     // The first of them: a new run.
@@ -1170,8 +1171,7 @@ where
                 inserted.spare_key = Some(key);
                 false
             }
-            Entry::Occupied(mut entry) => {
-                let slot = entry.get_mut();
+            SlotEntry::Occupied(slot) => {
                 let rank = rank(
                     Some(&slot.rank),
                     slot.values.len() + count,
@@ -1188,7 +1188,7 @@ where
                 inserted.leads = was_lowered;
                 was_lowered
             }
-            Entry::Vacant(entry) => {
+            SlotEntry::Vacant(entry) => {
                 let rank = rank(None, count, weight).expect("a new key has a rank");
                 index.guard(|index| {
                     index.push(Ticket {
@@ -1303,10 +1303,7 @@ where
     /// Gives memory back once the table or the index is mostly empty. Shrinking to twice
     /// the live size only when it falls under an eighth keeps this amortized O(1).
     fn shrink(&mut self) {
-        let live = self.slots.len();
-        if mostly_unused(live, self.slots.capacity(), SHRINK_ABOVE) {
-            self.slots.shrink_to(live * 2, |s| s.hash);
-        }
+        self.slots.shrink(SHRINK_ABOVE);
         self.index.shrink(SHRINK_ABOVE);
     }
 }

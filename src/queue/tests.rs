@@ -1,5 +1,6 @@
 use super::touchy::{arm, disarm, panics, Touchy, TouchyRank, What};
 use super::*;
+use crate::queue::slab::Slots;
 use crate::queue::slot::Returned;
 use std::hash::BuildHasher;
 
@@ -758,4 +759,156 @@ fn a_drained_backlog_leaves_no_large_plan() {
     }
     assert_eq!(q.pop_batch(usize::MAX, |_| true).len(), 3_000);
     assert!(q.plans.shares.capacity() >= 3_000);
+}
+
+/// Whether `q` keeps its slots in a slab (see `slab.rs`), not in a table's buckets.
+fn in_a_slab<R, K, V>(q: &SortedQueue<R, K, V>) -> bool {
+    matches!(q.slots, Slots::Slab(_))
+}
+
+/// A tiny deterministic generator, so that a failure replays.
+fn lcg(state: &mut u64) -> u64 {
+    *state = state
+        .wrapping_mul(6_364_136_223_846_793_005)
+        .wrapping_add(1_442_695_040_888_963_407);
+    *state >> 33
+}
+
+/// Tens of thousands of keys, against a model: the queue moves its slots into a slab as it
+/// grows, keeps every rule there (rank order, ties by run, splits keeping their place), and
+/// moves them back into a table once it drains.
+#[test]
+fn a_large_queue_keeps_its_rules_in_a_slab_and_gives_it_back() {
+    use std::collections::{BTreeMap, HashMap};
+    let mut q = SortedQueue::new();
+    // The model: each key's (rank, run) and values, and the keys in (rank, run) order.
+    let mut pending: HashMap<u32, (u32, u64, Vec<u32>)> = HashMap::new();
+    let mut order: BTreeMap<(u32, u64), u32> = BTreeMap::new();
+    let (mut seed, mut run, mut slab_seen) = (7, 0, false);
+    for value in 0..80_000u32 {
+        let key = lcg(&mut seed) as u32 % 30_000;
+        let rank = lcg(&mut seed) as u32 % 1_000;
+        q.push(key, value, rank);
+        run += 1;
+        match pending.get_mut(&key) {
+            Some((old, at, values)) => {
+                values.push(value);
+                if rank < *old {
+                    order.remove(&(*old, *at));
+                    order.insert((rank, *at), key);
+                    *old = rank;
+                }
+            }
+            None => {
+                pending.insert(key, (rank, run, vec![value]));
+                order.insert((rank, run), key);
+            }
+        }
+        slab_seen |= in_a_slab(&q);
+        if value % 500 != 499 && value != 79_999 {
+            continue;
+        }
+        let last = value == 79_999;
+        let (limit, max) = match last {
+            true => (u32::MAX, usize::MAX),
+            false => (
+                lcg(&mut seed) as u32 % 400,
+                1 + lcg(&mut seed) as usize % 5_000,
+            ),
+        };
+        loop {
+            let batch = q.pop_batch(max, |rank| *rank <= limit);
+            let mut want = Vec::new();
+            let mut room = max;
+            while let Some((&(rank, at), &key)) = order.first_key_value() {
+                if room == 0 || rank > limit {
+                    break;
+                }
+                let values = &mut pending.get_mut(&key).expect("ordered keys pend").2;
+                let count = values.len().min(room);
+                room -= count;
+                want.push((key, values.drain(..count).collect::<Vec<_>>()));
+                if !values.is_empty() {
+                    break; // split: the rest keeps its rank and place
+                }
+                order.remove(&(rank, at));
+                pending.remove(&key);
+            }
+            assert_eq!(batch, want, "after value {value}");
+            if batch.is_empty() || !last {
+                break;
+            }
+        }
+        assert_eq!(q.key_count(), pending.len());
+    }
+    assert!(slab_seen, "30,000 keys outgrow a table's buckets");
+    assert!(q.is_empty());
+    assert!(!in_a_slab(&q), "a drained queue gives its slab back");
+    assert!(q.capacity().keys <= 2 * SHRINK_ABOVE);
+    // And it goes on as usual.
+    q.push(1, 1, 1);
+    q.push(0, 2, 1);
+    assert_eq!(all(&mut q), vec![(1, vec![1]), (0, vec![2])]);
+}
+
+/// Holds, values given back and releases, in a queue large enough to keep a slab.
+#[test]
+fn holds_work_in_a_slab() {
+    let mut q = SortedQueue::new();
+    for key in 0..10_000u32 {
+        q.push(key, key, 10 + key);
+    }
+    assert!(in_a_slab(&q));
+    let taken = take_held(&mut q, 3);
+    assert_eq!(taken_keys(&taken), [0, 1, 2]);
+    assert_eq!(q.slot_count(), 10_000);
+    q.push(0, 100, 0);
+    q.push(1, 101, 0);
+    let back = Returned {
+        values: vec![1],
+        weights: None,
+        handed: vec![1],
+        entered: None,
+        seqs: Vec::new(),
+    };
+    let hold = |i: usize| taken[i].hold.expect("held");
+    assert!(q.give_back(hold(1), back).is_ok());
+    assert!(
+        take_held(&mut q, 1).iter().all(|t| t.key == 3),
+        "held keys are not due"
+    );
+    // Key 0 is due again by the rank its new value gave it, key 1 by its own; key 2 had no
+    // new values, and leaves.
+    assert!(q.release(hold(0), Release::Keep).0);
+    assert!(!q.release(hold(1), Release::Lower(5)).0);
+    assert_eq!(q.release(hold(2), Release::Keep), (false, Some(2)));
+    let batch = q.pop_batch(3, |_| true);
+    assert_eq!(batch, vec![(0, vec![100]), (1, vec![1, 101])]);
+    // Keys 4 on pend, and 3 is held with nothing pending.
+    assert_eq!((q.key_count(), q.slot_count()), (9_996, 9_997));
+}
+
+/// A panic of `Eq`, or of `is_due` once planned keys left the slab, loses nothing there.
+#[test]
+fn panics_in_a_slab_lose_nothing() {
+    let mut q = SortedQueue::new();
+    for id in 0..10_000 {
+        q.push(Touchy(id), id, id);
+    }
+    assert!(in_a_slab(&q));
+    arm(3, KEY);
+    assert!(panics(|| {
+        q.push(Touchy(3), 100, 0);
+    }));
+    disarm();
+    assert!(panics(|| {
+        q.pop_batch(usize::MAX, |rank| {
+            assert_ne!(*rank, 5_000, "is_due panics halfway");
+            true
+        });
+    }));
+    assert_eq!((q.len(), q.key_count()), (10_000, 10_000));
+    let batch = ids(q.pop_batch(usize::MAX, |_| true));
+    let want: Vec<_> = (0..10_000).map(|id| (id, vec![id])).collect();
+    assert_eq!(batch, want);
 }
