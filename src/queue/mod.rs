@@ -1,13 +1,14 @@
 //! The sorted keyed queue: the synchronous core that every channel flavour wraps.
 //!
 //! A [`SortedQueue`] holds pending values grouped by key. Each key has a *rank* (a deadline,
-//! a priority, anything `Ord`): the smallest rank given to it (by a push, a requeue or a
-//! promote) since its current pending run began; the rest of a key that a batch split keeps
-//! the key's rank. Batches come out in rank order; ties go to the key whose current pending
-//! run started first.
+//! a priority, anything `Ord`): the smallest rank given to it (by a push, a requeue, a
+//! promote or a promote_all) since its current pending run began; the rest of a key that a
+//! batch split keeps the key's rank. Batches come out in rank order; ties go to the key
+//! whose current pending run started first.
 //!
-//! Each value has a *weight*, 1 unless given ([`push_with`](SortedQueue::push_with)), so
-//! that batches can be capped by weight as well as by count.
+//! Each value has a *weight*, 1 unless given ([`push_with`](SortedQueue::push_with),
+//! [`requeue_weighted`](SortedQueue::requeue_weighted)), so that batches can be capped by
+//! weight as well as by count.
 //!
 //! The queue knows nothing about time, locks or wakers. The async channels in this crate are
 //! a thin layer over it, and it is useful on its own wherever a synchronous keyed batcher will
@@ -36,10 +37,10 @@
 //! `now + window`. Other pushes, and rank changes, cost O(log n) in a binary heap, amortized
 //! (stale index entries are dropped in bulk, and the table grows by doubling). A key holds
 //! a constant-sized slot plus its values (and their weights, once one differs from 1);
-//! there is no index entry per value. Up to 7,168 keys the slots sit in the hash table
-//! itself; past that, in a slab behind a table of 8-byte positions, which stays in cache
-//! far longer, and back in the table at the first batch taken with fewer than 896 keys
-//! left. A queue holds at most `u32::MAX` keys at once (over 300 GB of slots): a push of a
+//! there is no index entry per value. The slots sit in the hash table itself until 7,168
+//! keys are in; the next push moves them into a slab behind a table of 8-byte positions,
+//! which stays in cache far longer, and they go back into the table at the first batch
+//! taken with fewer than 896 keys left. A queue holds at most `u32::MAX` keys at once (over 300 GB of slots): a push of a
 //! new key past that panics, changing nothing.
 //!
 //! # Panics in user code
@@ -87,7 +88,9 @@ const SMALL: usize = 64;
 /// again cost a fifth of the time per value in the benchmarks.
 const SHRINK_ABOVE: usize = 4096;
 
-/// A keyed queue whose keys come out in rank order, each with all of its pending values.
+/// A keyed queue whose keys come out in rank order, each with all of its pending values
+/// unless a batch's cap splits the key: then the batch takes its first values, and the rest
+/// wait, keeping the key's rank and place.
 ///
 /// `R` is the rank (smaller comes first), `K` the key and `V` the value. See the
 /// [module documentation](self) for the rules and costs.

@@ -305,11 +305,11 @@ impl<R, K, V> Slots<R, K, V> {
         }
     }
 
-    /// Moves the slots into a slab if one more would outgrow [`INLINE_MOST`].
+    /// Moves the slots into a slab once [`INLINE_MOST`] are in the table.
     #[inline]
     fn make_room(&mut self) {
         if let Slots::Inline(table) = self {
-            if table.len() >= inline_most() && table.len() == table.capacity() {
+            if table.len() >= inline_most() {
                 self.move_to_slab();
             }
         }
