@@ -667,7 +667,9 @@ impl<S: Ord + Clone, K: Hash + Eq + Clone, V> Receiver<S, K, V> {
     /// Polls for the next batch, for code that implements futures or streams by hand.
     ///
     /// Returns `Poll::Pending` while nothing is pending, and `Poll::Ready(None)` once the
-    /// channel is closed and drained.
+    /// channel is closed and drained. It takes part in tokio's cooperative scheduling: once
+    /// the task's budget is spent it returns `Poll::Pending` with keys pending, and the task
+    /// is woken to go on.
     ///
     /// A receiver that returned `Pending` stays registered until it is polled again, calls
     /// `try_recv` or `drain_now`, or is dropped; the `Stream` impl works the same way. Other

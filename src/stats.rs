@@ -132,8 +132,9 @@ pub struct Deliveries {
     /// unless it was pending and due already for another reason: the first reason counts;
     /// a retried one is due when its retry delay ends, and counts by the reason it went out
     /// with, as does one that a `retry_after` holds when the channel closes, unless values
-    /// sent for it while it was out made it due sooner for another reason, a full key or a
-    /// flush: that reason counts then).
+    /// sent for it while its delivery was in flight, before it was decided, made it due
+    /// sooner for another reason, a full key or a flush: that reason counts then; values
+    /// sent, or a flush, while a `retry_after` holds it change nothing).
     /// `ordered`: every delivery, since a key is due as soon as it is pending.
     pub due: u64,
     /// `timed`: the key reached `max_values_per_key` or `max_key_weight` before its deadline.
@@ -142,8 +143,8 @@ pub struct Deliveries {
     pub flush: u64,
     /// The channel closed before the key's deadline: `timed` keys only, whenever they are
     /// taken. A key that was already due when the channel closed counts by its own reason,
-    /// as does a retried key (the reason it went out with, or the one its newer values gave
-    /// it: see `due`) and a key requeued after the close that had nothing pending then
+    /// as does a retried key (the reason it went out with, or the one the values sent while
+    /// it was in flight gave it: see `due`) and a key requeued after the close that had nothing pending then
     /// (`due`).
     pub close: u64,
 }

@@ -716,6 +716,23 @@ async fn a_retry_after_the_longest_delay_waits_for_the_close() {
     assert_eq!((again.values(), again.attempt()), (&[1][..], 2));
 }
 
+/// `Deliveries::due`: values sent, or a flush, while a `retry_after` holds a key give it no
+/// other reason: it counts by the one it went out with.
+#[tokio::test(start_paused = true)]
+async fn values_sent_while_a_retry_after_holds_the_key_give_it_no_other_reason() {
+    let (tx, mut rx) = timed::Builder::new(secs(1)).acked();
+    tx.send("k", 1).await.unwrap();
+    let d = rx.recv().await.unwrap().remove(0);
+    d.retry_after(secs(5)).await.unwrap();
+    tx.send("k", 2).await.unwrap();
+    tx.flush(&"k");
+    assert!(rx.try_recv().is_err(), "held until its delay ends");
+    let d = rx.recv().await.unwrap().remove(0);
+    assert_eq!(d.values(), &[1, 2]);
+    let by = rx.stats().delivered_by;
+    assert_eq!((by.due, by.flush), (2, 0), "{by:?}");
+}
+
 /// `Deliveries::due`: a retried key counts by the reason it went out with, unless values sent
 /// while it was out made it due sooner for another reason: a full key, or a flush.
 #[tokio::test(start_paused = true)]
