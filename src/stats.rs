@@ -144,8 +144,8 @@ pub struct Deliveries {
     /// The channel closed before the key's deadline: `timed` keys only, whenever they are
     /// taken. A key that was already due when the channel closed counts by its own reason,
     /// as does a retried key (the reason it went out with, or the one the values sent while
-    /// it was in flight gave it: see `due`) and a key requeued after the close that had nothing pending then
-    /// (`due`).
+    /// it was in flight gave it: see `due`) and a key requeued after the close that had
+    /// nothing pending then (`due`).
     pub close: u64,
 }
 

@@ -40,8 +40,8 @@
 //! there is no index entry per value. The slots sit in the hash table itself until 7,168
 //! keys are in; the next push moves them into a slab behind a table of 8-byte positions,
 //! which stays in cache far longer, and they go back into the table at the first batch
-//! taken with fewer than 896 keys left. A queue holds at most `u32::MAX` keys at once (over 300 GB of slots): a push of a
-//! new key past that panics, changing nothing.
+//! taken with fewer than 896 keys left. A queue holds at most `u32::MAX` keys at once (over
+//! 300 GB of slots): a push of a new key past that panics, changing nothing.
 //!
 //! # Panics in user code
 //!
@@ -182,7 +182,7 @@ enum Share<R, K, V> {
     Whole(Slot<R, K, V>),
     /// The slot stays, in the table: a split, or a hold.
     Kept {
-        /// Where the slot sits in the slab.
+        /// Where the slot sits: its bucket in the table, or its place in the slab.
         at: usize,
         id: u64,
         count: usize,
@@ -910,8 +910,8 @@ where
                     let ticket = index.ticket(side);
                     let (hash, id) = (ticket.hash, ticket.id);
                     // One probe per key: it tells whether the ticket is live and finds the
-                    // slot, which either leaves the table here or is reached again by its
-                    // bucket.
+                    // slot, which either leaves the table here or is reached again where it
+                    // sits.
                     let Some(entry) = slots.find_entry(hash, |s| s.ticket == id) else {
                         // A stale ticket that surfaced once the key ahead of it was planned.
                         index.pop(side);
