@@ -208,6 +208,33 @@ async fn dead_letters_survive_a_reopen() {
     assert_eq!((letter.key.as_str(), letter.attempts), ("left", 2));
 }
 
+/// `Delivery::attempt`: a value that comes back never has attempt 1 again, not even in the
+/// part of a key that a batch cap split off: here a value that joined a retry, went to the
+/// dead letters with it, and came back pending after a reopen (`durable`, *Recovery*).
+#[tokio::test]
+async fn a_value_that_joined_a_dead_letter_keeps_its_attempts_when_split_off_after_a_reopen() {
+    let dir = TempDir::new().unwrap();
+    let builder = || timed::Builder::new(HOUR).max_attempts(2);
+    let (tx, mut rx) = builder()
+        .durable(dir.path())
+        .open::<String, u32>()
+        .await
+        .unwrap();
+    tx.send(k("k"), 1).await.unwrap();
+    let mut held = Vec::new();
+    assert_eq!(take_all(&mut rx, &mut held), vec![(k("k"), vec![1], 1)]);
+    tx.send(k("k"), 2).await.unwrap(); // joins the retry
+    held.pop().unwrap().retry().await.unwrap();
+    assert_eq!(take_all(&mut rx, &mut held), vec![(k("k"), vec![1, 2], 2)]);
+    held.pop().unwrap().retry().await.unwrap(); // the last attempt: a dead letter, not taken
+    drop((tx, rx));
+    let reopened = builder().max_batch(1).durable(dir.path());
+    let (_tx, mut rx) = reopened.open::<String, u32>().await.unwrap();
+    assert_eq!(take_all(&mut rx, &mut held), vec![(k("k"), vec![1], 3)]);
+    held.pop().unwrap().ack().await.unwrap();
+    assert_eq!(take_all(&mut rx, &mut held), vec![(k("k"), vec![2], 2)]);
+}
+
 /// `try_send` puts the value in at once; its record is written a moment later, and a clean
 /// close writes it: it comes back.
 #[tokio::test]
