@@ -93,6 +93,16 @@ fn rehash(pos: &Pos) -> u64 {
     table_hash(pos.tag)
 }
 
+/// What a slab's table is probed with for a slot of hash `tag`: the tag, and `eq` on the
+/// slot a matching bucket points at.
+fn probe<'s, R, K, V>(
+    slab: &'s [Option<Slot<R, K, V>>],
+    tag: u32,
+    mut eq: impl FnMut(&Slot<R, K, V>) -> bool + 's,
+) -> impl FnMut(&Pos) -> bool + 's {
+    move |pos| pos.tag == tag && eq(live(&slab[pos.at()]))
+}
+
 fn slot_hash<R, K, V>(slot: &Slot<R, K, V>) -> u64 {
     slot.hash
 }
@@ -240,16 +250,14 @@ impl<R, K, V> Default for Slab<R, K, V> {
 }
 
 impl<R, K, V> Slab<R, K, V> {
-    /// The slots of `table`, with room for `capacity`.
-    fn from_table(table: HashTable<Slot<R, K, V>>, capacity: usize) -> Self {
+    /// A slab of `slots`, in order from the first position, with room for `capacity`.
+    fn from_slots(slots: impl IntoIterator<Item = Slot<R, K, V>>, capacity: usize) -> Self {
         let mut slab = Slab {
             table: HashTable::with_capacity(capacity),
             slab: Vec::with_capacity(capacity),
             free: Vec::new(),
         };
-        for slot in table {
-            slab.insert_unique(slot);
-        }
+        slots.into_iter().for_each(|slot| slab.insert_unique(slot));
         slab
     }
 
@@ -273,13 +281,7 @@ impl<R, K, V> Slab<R, K, V> {
         let live = self.table.len();
         if mostly_unused(live, self.slab.capacity(), above) {
             let slots = mem::take(&mut self.slab).into_iter().flatten();
-            let mut slab = Slab {
-                table: HashTable::with_capacity(live * 2),
-                slab: Vec::with_capacity(live * 2),
-                free: Vec::new(),
-            };
-            slots.for_each(|slot| slab.insert_unique(slot));
-            *self = slab;
+            *self = Slab::from_slots(slots, live * 2);
         } else if mostly_unused(live, self.table.capacity(), above) {
             self.table.shrink_to(live * 2, rehash);
         }
@@ -321,7 +323,7 @@ impl<R, K, V> Slots<R, K, V> {
         if let Slots::Inline(table) = self {
             let table = mem::take(table);
             let capacity = table.len() * 2;
-            *self = Slots::Slab(Box::new(Slab::from_table(table, capacity)));
+            *self = Slots::Slab(Box::new(Slab::from_slots(table, capacity)));
         }
     }
 
@@ -329,16 +331,14 @@ impl<R, K, V> Slots<R, K, V> {
     pub(super) fn find(
         &self,
         hash: u64,
-        mut eq: impl FnMut(&Slot<R, K, V>) -> bool,
+        eq: impl FnMut(&Slot<R, K, V>) -> bool,
     ) -> Option<&Slot<R, K, V>> {
         match self {
             Slots::Inline(table) => table.find(hash, eq),
             Slots::Slab(boxed) => {
                 let Slab { table, slab, .. } = &**boxed;
                 let tag = tag(hash);
-                let pos = table.find(table_hash(tag), |pos| {
-                    pos.tag == tag && eq(live(&slab[pos.at()]))
-                })?;
+                let pos = table.find(table_hash(tag), probe(slab, tag, eq))?;
                 Some(live(&slab[pos.at()]))
             }
         }
@@ -358,16 +358,14 @@ impl<R, K, V> Slots<R, K, V> {
     pub(super) fn find_entry(
         &mut self,
         hash: u64,
-        mut eq: impl FnMut(&Slot<R, K, V>) -> bool,
+        eq: impl FnMut(&Slot<R, K, V>) -> bool,
     ) -> Option<Occupied<'_, R, K, V>> {
         match self {
             Slots::Inline(table) => table.find_entry(hash, eq).ok().map(Held::Inline),
             Slots::Slab(boxed) => {
                 let Slab { table, slab, free } = &mut **boxed;
                 let tag = tag(hash);
-                let entry = table.find_entry(table_hash(tag), |pos| {
-                    pos.tag == tag && eq(live(&slab[pos.at()]))
-                });
+                let entry = table.find_entry(table_hash(tag), probe(slab, tag, eq));
                 entry.ok().map(|entry| Held::Slab { entry, slab, free })
             }
         }
@@ -393,7 +391,7 @@ impl<R, K, V> Slots<R, K, V> {
     pub(super) fn entry(
         &mut self,
         hash: u64,
-        mut eq: impl FnMut(&Slot<R, K, V>) -> bool,
+        eq: impl FnMut(&Slot<R, K, V>) -> bool,
     ) -> SlotEntry<'_, R, K, V> {
         self.make_room();
         match self {
@@ -405,11 +403,7 @@ impl<R, K, V> Slots<R, K, V> {
                 let tag = tag(hash);
                 let room = slab.has_room();
                 let Slab { table, slab, free } = &mut **slab;
-                let entry = table.entry(
-                    table_hash(tag),
-                    |pos| pos.tag == tag && eq(live(&slab[pos.at()])),
-                    rehash,
-                );
+                let entry = table.entry(table_hash(tag), probe(slab, tag, eq), rehash);
                 match entry {
                     Entry::Occupied(entry) => {
                         SlotEntry::Occupied(live_mut(&mut slab[entry.get().at()]))
