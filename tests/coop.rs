@@ -102,6 +102,35 @@ async fn a_tight_recv_loop_yields() {
     consumer.await.unwrap();
 }
 
+/// `ordered`'s receiver, driven as a `Stream` with every key pending, yields too: its
+/// `poll_recv` returns `Pending` with keys pending once the task's budget is spent.
+#[tokio::test]
+async fn a_tight_ordered_stream_loop_yields() {
+    use futures::StreamExt;
+    let (tx, mut rx) = ordered::Builder::new()
+        .max_batch(1)
+        .build::<usize, usize, usize>();
+    for i in 0..MANY {
+        tx.try_send(i, i, i).unwrap();
+    }
+    let taken = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&taken);
+    let consumer = tokio::spawn(async move {
+        while let Some(batch) = rx.next().await {
+            count.fetch_add(batch.len(), Ordering::Relaxed);
+        }
+    });
+    tokio::task::yield_now().await;
+    let seen = taken.load(Ordering::Relaxed);
+    assert!(
+        0 < seen && seen < MANY,
+        "the consumer took {seen} values before yielding"
+    );
+    drop(tx);
+    consumer.await.unwrap();
+    assert_eq!(taken.load(Ordering::Relaxed), MANY);
+}
+
 /// The case from the field, on a real multi-thread runtime with 2 workers and real time:
 /// two producers send in a tight loop into an unbounded channel. The receiver used to get
 /// no batch for 15 s, because no worker ever returned to drive the timer; the first batch
