@@ -510,6 +510,32 @@ async fn a_password_in_the_url_is_not_printed() {
     assert!(!format!("{alone:?}").contains("hunter2"));
 }
 
+/// A password with a `/`, `?` or `#` in it, not percent-encoded, makes a URL that may not
+/// parse (this one's port does not), whose error shows it: the password stays out of that, and of the builder's
+/// `Debug`, all the same.
+#[tokio::test]
+async fn a_password_with_a_slash_or_a_query_mark_is_not_printed() {
+    for (url, user) in [
+        ("redis://user:hun/ter2@127.0.0.1:70000/", "user"),
+        ("redis://:hun/ter2@127.0.0.1:70000/0", ""),
+        ("redis://user:hun?ter2@127.0.0.1:70000/", "user"),
+        ("redis://user:hun#ter2@127.0.0.1:70000/", "user"),
+    ] {
+        let queue = redis::Builder::new(url, "q", ms(20));
+        let shown = format!("{queue:?}");
+        assert!(!shown.contains("ter2"), "{shown}");
+        let err = queue.sender::<u32, u32>().await.unwrap_err();
+        let Error::Url { url: shown, .. } = &err else {
+            panic!("{err:?}");
+        };
+        let host = format!("redis://{user}:***@127.0.0.1:70000/");
+        assert!(shown.starts_with(&host), "{shown}");
+        for text in [err.to_string(), format!("{err:?}")] {
+            assert!(!text.contains("ter2"), "{text}");
+        }
+    }
+}
+
 /// A Unix socket's URL carries its password in the query, as `pass` (which the client also
 /// reads percent-encoded): that stays out of what a log would print too.
 #[tokio::test]

@@ -174,12 +174,17 @@ fn redacted_user_info(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
-    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    let Some((user_info, host)) = authority.rsplit_once('@') else {
+    // Not the authority's end at the first `/`: a password may hold a `/`, `?` or `#`
+    // that is not percent-encoded, and a URL that fails to parse for it is the one that an
+    // error shows. The user info ends at the last `@` before the query or fragment, or at
+    // the last `@` of all if none is before them (hiding more than a password, at worst).
+    let query = rest.find(['?', '#']).unwrap_or(rest.len());
+    let Some(at) = rest[..query].rfind('@').or_else(|| rest.rfind('@')) else {
         return url.to_string();
     };
+    let (user_info, host) = (&rest[..at], &rest[at + 1..]);
     let user = user_info.split_once(':').map_or("", |(user, _)| user);
-    format!("{scheme}://{user}:***@{host}{path}")
+    format!("{scheme}://{user}:***@{host}")
 }
 
 /// A query parameter's name as the client reads it: `+` is a space and `%XX` a byte.
