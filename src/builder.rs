@@ -44,9 +44,10 @@ impl<F, W> Builder<F, W> {
     /// Typical use: `|body: &Vec<u8>| body.len()`, so that batches stay under a size. The
     /// total weight the channel holds (pending, and in an acknowledging channel in flight,
     /// in dead letters not yet taken, or waiting for its log record: more than
-    /// `Stats::pending_weight` shows) must fit in a `usize`: a send that would overflow it panics, changing nothing, but for one
-    /// through the inbox, whose value is dropped and counted in `Stats::lost` instead (see
-    /// the crate docs, *Panics in user code*).
+    /// `Stats::pending_weight` shows) must fit in a `usize`: a send that would overflow it
+    /// panics, changing nothing (a value given to the `Sink` stays in it, for a later
+    /// flush), but for one through the inbox, whose value is dropped and counted in
+    /// `Stats::lost` instead (see the crate docs, *Panics in user code*).
     ///
     /// # Examples
     ///

@@ -366,6 +366,30 @@ fn acked_send_that_overflows_the_weight_in_flight_panics() {
     assert_eq!(rx.try_recv().unwrap()[0].values(), &[0]);
 }
 
+/// Through the `Sink`, a value whose weight would overflow the total pending weight makes
+/// `poll_flush` panic, changing nothing: the value stays in the sink, and goes in at a later
+/// flush once there is weight to spare (the builder's `weigher` docs).
+#[test]
+fn a_sink_flush_that_would_overflow_the_weight_panics_and_keeps_the_value() {
+    let (tx, mut rx) = timed::Builder::new(Duration::ZERO)
+        .weigher(|v: &usize| *v)
+        .build();
+    tx.try_send("a", usize::MAX).unwrap();
+    let mut sink = task::spawn(tx.clone());
+    sink.enter(|_, sink| futures::Sink::start_send(sink, ("b", 1)))
+        .unwrap();
+    let flush = |sink: &mut task::Spawn<timed::Sender<_, _>>| {
+        sink.enter(|cx, sink| futures::Sink::<(&str, usize)>::poll_flush(sink, cx).is_ready())
+    };
+    assert!(panics(|| flush(&mut sink)));
+    let stats = rx.stats();
+    assert_eq!((stats.sent, stats.pending_values), (1, 1));
+
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![usize::MAX])]));
+    assert!(flush(&mut sink), "the flush is done");
+    assert_eq!(rx.try_recv(), Ok(vec![("b", vec![1])]));
+}
+
 /// Takes `Touchy(7)`, the only key pending, while its `Clone` panics: the first take
 /// panics, and the next takes it whole and unheld.
 fn take_unheld(rx: &mut ordered::AckReceiver<u8, Touchy, u32>) -> Delivery<Touchy, u32> {
