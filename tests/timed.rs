@@ -1007,7 +1007,8 @@ fn zero_capacity_panics() {
 
 /// A requeue goes in front of every pending value of its key, those handed back before
 /// included: two failed parts of a split key keep their order when handed back newest
-/// first, and swap when handed back as they came out.
+/// first, and swap when handed back as they came out. A batch split by `max_batch` then
+/// takes the key's first values in that order, not the oldest.
 #[tokio::test(start_paused = true)]
 async fn requeues_go_in_front_of_earlier_requeues() {
     let order = |newest_first: bool| async move {
@@ -1025,11 +1026,18 @@ async fn requeues_go_in_front_of_earlier_requeues() {
         for (key, values) in parts.into_iter().flatten() {
             rx.requeue(key, values).unwrap();
         }
-        let drained = rx.drain_now().into_iter().flatten();
-        drained.flat_map(|(_, values)| values).collect::<Vec<_>>()
+        let drained = rx.drain_now().into_iter();
+        drained
+            .map(|batch| {
+                batch
+                    .into_iter()
+                    .flat_map(|(_, values)| values)
+                    .collect::<Vec<_>>()
+            })
+            .collect::<Vec<_>>()
     };
-    assert_eq!(order(true).await, [1, 2, 3, 4]);
-    assert_eq!(order(false).await, [3, 1, 2, 4]);
+    assert_eq!(order(true).await, [[1, 2], [3, 4]]);
+    assert_eq!(order(false).await, [[3, 1], [2, 4]]);
 }
 
 /// A value whose deadline is never reached moves no deadline: sent into an empty channel,
