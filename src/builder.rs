@@ -76,11 +76,10 @@ impl<F, W> Builder<F, W> {
     ///
     /// A key with more values than the room left in a batch is split: its first values fill
     /// the batch (those a receiver's `requeue` put in front, then the oldest), and the rest
-    /// keep the key's rank (lowered by any earlier deadline, or
-    /// smaller sort key, sent for it since) and run, so they lead the next batch unless a key
-    /// that ranks before them has come due meanwhile (a smaller rank, or an equal one whose
-    /// run started earlier). In an acknowledging channel the rest wait until the first
-    /// part's delivery is decided.
+    /// keep the key's rank (lowered by any earlier deadline, or smaller sort key, sent for it
+    /// since) and run, so they lead the next batch unless a key that ranks before them has
+    /// come due meanwhile (a smaller rank, or an equal one whose run started earlier). In an
+    /// acknowledging channel the rest wait until the first part's delivery is decided.
     ///
     /// # Panics
     ///

@@ -708,8 +708,8 @@ where
     /// A key is due when `is_due(rank)` is true; taking stops at the first key that is not.
     /// A key with more values than the room left is split: the batch takes its first values
     /// (those [`requeue`](Self::requeue) put in front, then the oldest), and the rest keep
-    /// the key's rank and place: ahead of keys of equal rank whose runs
-    /// started later. The result is empty when nothing is due or `max_values` is 0.
+    /// the key's rank and place: ahead of keys of equal rank whose runs started later. The
+    /// result is empty when nothing is due or `max_values` is 0.
     ///
     /// # Examples
     ///
