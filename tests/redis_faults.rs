@@ -534,6 +534,14 @@ async fn a_password_with_a_slash_or_a_query_mark_is_not_printed() {
             assert!(!text.contains("ter2"), "{text}");
         }
     }
+    // With no `@` before the query, one in it may end such a password: from the first `:`
+    // to it goes, as `Error::Url` says.
+    let queue = redis::Builder::new("redis://127.0.0.1:70000/?x=a@b", "q", ms(20));
+    let err = queue.sender::<u32, u32>().await.unwrap_err();
+    let Error::Url { url, .. } = &err else {
+        panic!("{err:?}");
+    };
+    assert_eq!(url, "redis://127.0.0.1:***@b");
 }
 
 /// A Unix socket's URL carries its password in the query, as `pass` (which the client also

@@ -153,8 +153,9 @@ impl fmt::Debug for Builder {
 
 /// `url` with its passwords, if any, replaced by `***`: the one in its user info
 /// (`redis://:pw@h` and `redis://user:pw@h` keep their user, and user info with no `:` goes
-/// whole, since a URL may carry a password alone there), and the value of every `pass`
-/// parameter in its query (where a `redis+unix://` URL carries one).
+/// whole, since a URL may carry a password alone there; see `redacted_user_info` for
+/// where it ends), and the value of every `pass` parameter in its query (where a
+/// `redis+unix://` URL carries one).
 fn redacted(url: &str) -> String {
     let url = redacted_user_info(url);
     let Some((head, query)) = url.split_once('?') else {
@@ -345,7 +346,9 @@ impl Builder {
 pub enum Error {
     /// The URL does not parse.
     Url {
-        /// The URL, with any password in it replaced by `***`.
+        /// The URL, with any password in it replaced by `***`. A password may hold a `/`,
+        /// `?` or `#` that is not percent-encoded, so in a URL whose only `@` comes after a
+        /// `?` or `#`, everything from the first `:` after `://` to that `@` is replaced.
         url: String,
         /// What is wrong with it.
         detail: String,
