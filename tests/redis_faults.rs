@@ -511,8 +511,8 @@ async fn a_password_in_the_url_is_not_printed() {
 }
 
 /// A password with a `/`, `?` or `#` in it, not percent-encoded, makes a URL that may not
-/// parse (this one's port does not), whose error shows it: the password stays out of that, and of the builder's
-/// `Debug`, all the same.
+/// parse (these do not, for their port), whose error shows it: the password stays out of
+/// that, and of the builder's `Debug`, all the same.
 #[tokio::test]
 async fn a_password_with_a_slash_or_a_query_mark_is_not_printed() {
     for (url, user) in [
