@@ -282,15 +282,16 @@ fn assert_caught(mutant: &'static str) {
         plan.cycles,
         plan.seed
     );
-    let unexplained: Vec<&String> = (outcome.violations.iter())
+    let unexplained: Vec<&String> = outcome
+        .violations
+        .iter()
         .filter(|v| !LOST_RECORD.iter().any(|kind| v.contains(kind)))
         .collect();
     assert!(
         unexplained.is_empty(),
         "the crash loop failed with the {mutant} mutant (seed {}), but not only for a lost \
-         record:\n{}",
+         record:\n{unexplained:#?}",
         plan.seed,
-        outcome.violations.join("\n")
     );
     println!(
         "caught {mutant} in cycle {} of {} (seed {}): {}",
