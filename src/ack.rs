@@ -31,6 +31,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::panic::{self, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -397,6 +398,18 @@ pub fn ack_all<K, V>(deliveries: impl IntoIterator<Item = Delivery<K, V>>) -> De
     // are dropped undecided, and so retried, not lost.
     let deliveries: Vec<_> = deliveries.into_iter().collect();
     let mut decided = Vec::new();
+    // A panic of user code in one channel's decisions (they all take effect even so) waits
+    // until the other channels' are made.
+    let mut panicked = None;
+    let mut ack = |link: Arc<dyn Link<K, V>>, ids: &[u64]| {
+        let one = panic::catch_unwind(AssertUnwindSafe(|| link.ack_all(ids)));
+        match one {
+            Ok(one) => decided.push(one),
+            Err(panic) => {
+                panicked.get_or_insert(panic);
+            }
+        }
+    };
     let mut ids = Vec::new();
     let mut link: Option<Arc<dyn Link<K, V>>> = None;
     for mut delivery in deliveries {
@@ -407,7 +420,7 @@ pub fn ack_all<K, V>(deliveries: impl IntoIterator<Item = Delivery<K, V>>) -> De
             .is_some_and(|l| Arc::as_ptr(l).cast::<()>() == Arc::as_ptr(&delivery.link).cast());
         if !same {
             if let Some(link) = link.take() {
-                decided.push(link.ack_all(&ids));
+                ack(link, &ids);
                 ids.clear();
             }
             link = Some(Arc::clone(&delivery.link));
@@ -415,7 +428,10 @@ pub fn ack_all<K, V>(deliveries: impl IntoIterator<Item = Delivery<K, V>>) -> De
         ids.push(delivery.id);
     }
     if let Some(link) = link {
-        decided.push(link.ack_all(&ids));
+        ack(link, &ids);
+    }
+    if let Some(panic) = panicked {
+        panic::resume_unwind(panic);
     }
     Decided::<()>::all(decided)
 }
@@ -429,8 +445,15 @@ impl<K, V> Drop for Delivery<K, V> {
                 key,
                 values,
             };
-            // The in-memory decision is made here; an I/O one runs on its own.
-            drop(self.link.decide(self.id, retry));
+            // The in-memory decision is made here; an I/O one runs on its own. A panic of
+            // user code in it (the decision takes effect even so) goes on, unless this drop
+            // is part of another panic's unwinding, which a second panic would abort.
+            let decide = || drop(self.link.decide(self.id, retry));
+            if let Err(panic) = panic::catch_unwind(AssertUnwindSafe(decide)) {
+                if !std::thread::panicking() {
+                    panic::resume_unwind(panic);
+                }
+            }
         }
     }
 }

@@ -255,11 +255,15 @@
 //! settles), when the value is pending, and counted in `Stats::sent`. The channel stays
 //! usable and no other key's pending values are lost (for values still in the inbox, see
 //! below): such a panic under the channel's lock poisons the lock, and the channel recovers
-//! it, since its state is whole at every point where user code runs. A key whose `Clone`
-//! panics when a batch has to split it is not split again for the rest of its current run:
-//! its values go out together, whole, beside other keys when they fit and alone, even past
-//! `max_batch` and `max_batch_weight`, when they do not. `drain_now` hands over the batches
-//! it took before such a panic, and panics only if it took none.
+//! it, since its state is whole at every point where user code runs. A decision on a
+//! delivery that panics so (a sort key's `Ord` or `Clone`, as a held key goes back in rank
+//! order) has taken effect all the same, and woken whoever waits for it; `ack_all` makes
+//! every other decision first, and a delivery dropped undecided while another panic unwinds
+//! does not panic again. A key whose `Clone` panics when a batch has to split it is not
+//! split again for the rest of its current run: its values go out together, whole, beside
+//! other keys when they fit and alone, even past `max_batch` and `max_batch_weight`, when
+//! they do not. `drain_now` hands over the batches it took before such a panic, and panics
+//! only if it took none.
 //!
 //! The exception is a send that finds the lock held, or values already waiting in the
 //! inbox. In a channel with none of `capacity`, `max_weight`, `max_keys`,

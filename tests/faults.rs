@@ -532,6 +532,147 @@ async fn ack_whose_ord_panics_still_releases_the_key() {
     assert_eq!(rx.stats().in_flight_keys, 0);
 }
 
+/// Spawns a consumer that waits on `rx` as a stream, takes one batch, acknowledges it and
+/// returns what it held.
+fn one_batch_consumer(
+    mut rx: ordered::AckReceiver<TouchyRank, u32, u32>,
+) -> tokio::task::JoinHandle<Vec<(u32, Vec<u32>)>> {
+    use futures::StreamExt;
+    tokio::spawn(async move {
+        let batch = rx.next().await.expect("the stream ended");
+        let got = batch
+            .iter()
+            .map(|d| (*d.key(), d.values().to_vec()))
+            .collect();
+        keyed_batch::ack::ack_all(batch).await.unwrap();
+        got
+    })
+}
+
+/// A decision that panics in a sort key's `Clone` or `Ord` as the key's hold ends (its
+/// newer values go back in rank order) still wakes a receiver already waiting in another
+/// task: the key is due, and it comes out. The panic used to skip that wake, and the
+/// consumer slept until some other event. `Drop` of an undecided delivery makes the same
+/// decision as `retry`.
+#[tokio::test(start_paused = true)]
+async fn a_decision_that_panics_in_a_sort_key_wakes_the_waiting_receiver() {
+    // An ack clones the newer values' sort key into the index; a retry first compares it
+    // with the one the key went out with.
+    for (what, decision) in [
+        (What::Clone, "ack"),
+        (What::Ord, "retry"),
+        (What::Ord, "drop"),
+    ] {
+        let (tx, rx) = ordered::Builder::new().acked::<TouchyRank, u32, u32>();
+        let mut mine = rx.clone();
+        tx.try_send(TouchyRank(1), 1, 10).unwrap();
+        let delivery = mine.try_recv().unwrap().remove(0);
+        let waiting = one_batch_consumer(rx);
+        tokio::task::yield_now().await; // the consumer waits: key 1 is in flight
+        tx.try_send(TouchyRank(7), 1, 11).unwrap(); // joins held key 1
+        arm(7, &[what]);
+        let decided = catch_unwind(AssertUnwindSafe(|| match decision {
+            "ack" => drop(delivery.ack()),
+            "retry" => drop(delivery.retry()),
+            _ => drop(delivery),
+        }));
+        disarm();
+        assert!(
+            decided.is_err(),
+            "{decision}: no armed sort key was touched"
+        );
+        let got = tokio::time::timeout(secs(10), waiting).await;
+        let got = got.unwrap_or_else(|_| panic!("{decision}: the receiver was never woken"));
+        let want = match decision {
+            "ack" => vec![(1, vec![11])],
+            _ => vec![(1, vec![10, 11])],
+        };
+        assert_eq!(got.unwrap(), want, "{what:?} in {decision}");
+        drop((tx, mine));
+    }
+}
+
+/// The room an ack gives back reaches a send waiting for it, though the ack panicked in a
+/// sort key's `Clone` as the key's hold ended.
+#[tokio::test(start_paused = true)]
+async fn a_decision_that_panics_in_a_sort_key_wakes_a_waiting_send() {
+    let (tx, mut rx) = ordered::Builder::new()
+        .capacity(2)
+        .acked::<TouchyRank, u32, u32>();
+    tx.try_send(TouchyRank(1), 1, 10).unwrap();
+    let delivery = rx.try_recv().unwrap().remove(0);
+    tx.try_send(TouchyRank(7), 1, 11).unwrap(); // full: one in flight, one pending
+    let tx2 = tx.clone();
+    let sender = tokio::spawn(async move { tx2.send(TouchyRank(3), 2, 20).await });
+    tokio::task::yield_now().await;
+    assert!(!sender.is_finished(), "the send waits for room");
+    arm(7, &[What::Clone]);
+    let acked = catch_unwind(AssertUnwindSafe(|| delivery.ack()));
+    disarm();
+    assert!(acked.is_err(), "the ack cloned no armed sort key");
+    let sent = tokio::time::timeout(secs(10), sender).await;
+    sent.expect("room came back, but the send was never woken")
+        .unwrap()
+        .unwrap();
+    drop(tx);
+    let mut seen = ack_until_end(&mut rx).await;
+    seen.sort_unstable();
+    assert_eq!(seen, vec![(1, vec![11]), (2, vec![20])]);
+}
+
+/// `ack_all` whose first decision panics in a sort key still makes the others, in this
+/// channel and in another: none of those keys stays in flight for good.
+#[tokio::test(start_paused = true)]
+async fn ack_all_makes_every_decision_though_one_panics() {
+    let (tx, mut rx) = ordered::Builder::new().acked::<TouchyRank, u32, u32>();
+    let (other_tx, mut other_rx) = ordered::Builder::new().acked::<u32, u32, u32>();
+    tx.try_send(TouchyRank(1), 1, 10).unwrap();
+    tx.try_send(TouchyRank(2), 2, 20).unwrap();
+    other_tx.try_send(0, 3, 30).unwrap();
+    let batch = rx.try_recv().unwrap();
+    let other = other_rx.try_recv().unwrap();
+    tx.try_send(TouchyRank(5), 4, 40).unwrap();
+    tx.try_send(TouchyRank(7), 1, 11).unwrap(); // joins held key 1
+    tx.try_send(TouchyRank(8), 2, 21).unwrap(); // joins held key 2
+                                                // Key 1's hold ends first, and its 7 is compared with key 4's 5 as it goes back.
+    arm(7, &[What::Ord]);
+    let all: Vec<_> = batch.into_iter().chain(other).collect();
+    let acked = catch_unwind(AssertUnwindSafe(|| keyed_batch::ack::ack_all(all)));
+    disarm();
+    assert!(acked.is_err(), "the ack compared no armed sort key");
+    assert_eq!((rx.stats().acked, rx.stats().in_flight_keys), (2, 0));
+    let other_stats = other_rx.stats();
+    assert_eq!((other_stats.acked, other_stats.in_flight_keys), (1, 0));
+    drop(tx);
+    let mut seen = ack_until_end(&mut rx).await;
+    seen.sort_unstable();
+    assert_eq!(seen, vec![(1, vec![11]), (2, vec![21]), (4, vec![40])]);
+}
+
+/// An undecided delivery dropped while another panic unwinds, whose retry panics in a sort
+/// key too, does not abort the process: the first panic goes on, and the retry is made.
+#[tokio::test(start_paused = true)]
+async fn a_delivery_dropped_in_a_panic_whose_retry_panics_does_not_abort() {
+    let (tx, mut rx) = ordered::Builder::new().acked::<TouchyRank, u32, u32>();
+    tx.try_send(TouchyRank(1), 1, 10).unwrap();
+    let delivery = rx.try_recv().unwrap().remove(0);
+    tx.try_send(TouchyRank(7), 1, 11).unwrap();
+    arm(7, &[What::Ord]);
+    let consumer = catch_unwind(AssertUnwindSafe(|| {
+        let _held = delivery;
+        panic!("the consumer's own panic");
+    }));
+    disarm();
+    let panic = consumer.unwrap_err();
+    assert_eq!(
+        panic.downcast_ref::<&str>(),
+        Some(&"the consumer's own panic")
+    );
+    assert_eq!(rx.stats().retried, 1);
+    drop(tx);
+    assert_eq!(ack_until_end(&mut rx).await, vec![(1, vec![10, 11])]);
+}
+
 /// An `Ord` that panics after a batch of deliveries was taken, while the receiver looks at
 /// what comes next: the panic does not deadlock the channel (the deliveries it dropped go
 /// back), and nothing is lost.

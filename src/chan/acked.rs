@@ -6,9 +6,11 @@
 //! decision ends the hold, or puts the values back in front and ends it, now or after a
 //! delay.
 
+use std::any::Any;
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};
 use std::hash::Hash;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -345,10 +347,10 @@ where
         };
         let mut notes = Notes::default();
         let mut guard = self.lock();
-        self.decide_locked(&mut guard, id, given_up, retry, &mut notes);
-        self.after_decisions(&mut guard);
-        drop(guard);
-        self.record(notes)
+        let panicked = caught(&mut guard, |guard| {
+            self.decide_locked(guard, id, given_up, retry, &mut notes);
+        });
+        self.conclude(guard, notes, panicked)
     }
 
     /// Acknowledges the deliveries `ids`, under one lock, with one record in a durable
@@ -356,12 +358,31 @@ where
     fn ack_many(&self, ids: &[u64]) -> Decided<()> {
         let mut notes = Notes::default();
         let mut guard = self.lock();
+        let mut panicked = None;
         for &id in ids {
-            self.decide_locked(&mut guard, id, false, None, &mut notes);
+            let panic = caught(&mut guard, |guard| {
+                self.decide_locked(guard, id, false, None, &mut notes);
+            });
+            panicked = panicked.or(panic);
         }
+        self.conclude(guard, notes, panicked)
+    }
+
+    /// After decisions: what [`after_decisions`](Self::after_decisions) does, then the
+    /// lock's release and the record; then the first panic [`caught`] in them goes on.
+    fn conclude(
+        &self,
+        mut guard: Guard<'_, F, K, V>,
+        notes: Notes,
+        panicked: Option<Box<dyn Any + Send>>,
+    ) -> Decided<()> {
         self.after_decisions(&mut guard);
         drop(guard);
-        self.record(notes)
+        let decided = self.record(notes);
+        if let Some(panic) = panicked {
+            panic::resume_unwind(panic);
+        }
+        decided
     }
 
     /// Makes a decision under the lock: `retry` holds what a retry hands back.
@@ -533,6 +554,21 @@ where
             acked.wake_dead(&mut guard.wakes);
         }
     }
+}
+
+/// Runs `decide`, a decision under the lock, with a panic of user code (a rank's `Ord` or
+/// `Clone` as the key goes back in rank order) caught and returned, for the caller to go on
+/// with once the lock is released. The decision has taken effect by then, and the queue is
+/// whole; what the panic skipped is done here and by the caller: the waiting receivers
+/// look again (where the key now ranks is not known), the other decisions of an `ack_all`
+/// are made, and waiting sends get the room that came back.
+fn caught<F: Flavor, K, V>(
+    guard: &mut Guard<'_, F, K, V>,
+    decide: impl FnOnce(&mut Guard<'_, F, K, V>),
+) -> Option<Box<dyn Any + Send>> {
+    let panic = panic::catch_unwind(AssertUnwindSafe(|| decide(guard))).err()?;
+    guard.wake_receivers();
+    Some(panic)
 }
 
 impl<F, K, V> Link<K, V> for Chan<F, K, V>

@@ -1064,11 +1064,11 @@ where
     }
 
     /// Ends a hold: the key is due again by `rank` (see [`Release`]) if it has values, and
-    /// leaves the queue if not. Returns whether the key now leads, and the key if it left,
+    /// leaves the queue if not. Returns whether the key now leads (or may: an index that a
+    /// panic tore does not tell until it is rebuilt), and the key if it left,
     /// for the caller to drop when it chooses: a channel drops keys after its lock. Ending a
     /// hold that is not there does nothing.
     pub(crate) fn release(&mut self, hold: Hold, rank: Release<R>) -> (bool, Option<K>) {
-        self.repair();
         let held = HELD | hold.id;
         let Some(entry) = self.slots.find_entry(hold.hash, |s| s.ticket == held) else {
             if let Release::Lower(r) = rank {
@@ -1092,6 +1092,18 @@ where
         // index gives the slot a ticket, and the key does not stay held.
         slot.ticket = id;
         let index = &mut self.index;
+        if index.is_torn() {
+            // An earlier panic tore the index. The hold ends all the same, and the next
+            // call's rebuild gives the slot its ticket (by then `Ord` may not panic: a
+            // rebuild here that did would leave the key held). Whether it leads is not known.
+            if let Release::Lower(r) = rank {
+                match r < slot.rank {
+                    true => index.discard(std::mem::replace(&mut slot.rank, r)),
+                    false => index.discard(r),
+                }
+            }
+            return (true, None);
+        }
         let old = index.guard(|index| {
             let old = match rank {
                 Release::Keep => None,

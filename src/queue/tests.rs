@@ -659,6 +659,28 @@ fn values_given_back_go_in_front_with_their_counts() {
     assert!(rest.front.handed.is_empty());
 }
 
+/// A release while an earlier panic has left the index torn ends its hold all the same,
+/// without the rebuild (whose `Ord` may panic again, which used to leave the key held for
+/// good); the next call rebuilds the index with the rank the release gave.
+#[test]
+fn a_release_ends_its_hold_though_an_earlier_panic_tore_the_index() {
+    let mut q = SortedQueue::new();
+    q.push(1u32, 10u32, TouchyRank(1));
+    q.push(2, 20, TouchyRank(2));
+    let taken = take_held(&mut q, usize::MAX);
+    q.push(3, 30, TouchyRank(5));
+    q.push(1, 11, TouchyRank(7));
+    q.push(2, 21, TouchyRank(8));
+    arm(7, &[What::Ord]);
+    // Key 1 goes back in rank order: its 7 meets key 3's 5, and the index is torn.
+    assert!(panics(|| q.release(taken[0].hold.unwrap(), Release::Keep)));
+    let lower = Release::Lower(TouchyRank(4));
+    assert_eq!(q.release(taken[1].hold.unwrap(), lower), (true, None));
+    disarm();
+    let want = vec![(2, vec![21]), (3, vec![30]), (1, vec![11])];
+    assert_eq!(q.pop_batch(usize::MAX, |_| true), want);
+}
+
 #[test]
 fn a_held_key_lowers_its_rank_without_a_ticket() {
     let mut q = SortedQueue::new();
