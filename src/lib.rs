@@ -25,16 +25,21 @@
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() {
 //! let (tx, mut rx) = timed::channel(Duration::from_secs(1));
+//! let start = tokio::time::Instant::now();
 //!
+//! // A clone for the task: `tx` stays here, since the last sender's drop closes the
+//! // channel, and a closed channel hands out everything pending at once.
+//! let producer = tx.clone();
 //! tokio::spawn(async move {
 //!     for i in 0..3 {
-//!         tx.send("customer-1", i).await.unwrap();
-//!         tx.send("customer-2", i * 10).await.unwrap();
+//!         producer.send("customer-1", i).await.unwrap();
+//!         producer.send("customer-2", i * 10).await.unwrap();
 //!     }
 //! });
 //!
 //! // One second after each customer's first record, all of its records arrive together.
 //! let batch = rx.recv().await.unwrap();
+//! assert_eq!(start.elapsed(), Duration::from_secs(1));
 //! assert_eq!(
 //!     batch,
 //!     vec![("customer-1", vec![0, 1, 2]), ("customer-2", vec![0, 10, 20])],

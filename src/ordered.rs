@@ -943,6 +943,12 @@ where
     /// This method is cancel safe: if it is dropped before it completes, no value has left
     /// the channel and no key is in flight, and the receiver stops waiting.
     ///
+    /// # Panics
+    ///
+    /// Panics if it has to wait out a [`retry_after`](Delivery::retry_after) delay outside
+    /// a tokio runtime with time enabled: the one wait of an `ordered` receiver that needs
+    /// a timer.
+    ///
     /// # Examples
     ///
     /// ```
@@ -964,6 +970,10 @@ where
 
     /// Polls for the next batch of deliveries, for code that implements futures or streams
     /// by hand; see [`Receiver::poll_recv`].
+    ///
+    /// # Panics
+    ///
+    /// As for [`recv`](Self::recv).
     ///
     /// # Examples
     ///

@@ -699,21 +699,35 @@ async fn a_delayed_retry_ranks_by_the_end_of_its_delay() {
 }
 
 /// `retry_after`: a delay whose end the clock cannot hold never ends, and no deadline is
-/// reported for it; the close brings the key out. It used to end about 584 years after the
-/// channel was made, which `next_deadline` reported too.
+/// reported for it; the close brings the key out, and from then `next_deadline` is the time
+/// it closed. It used to end about 584 years after the channel was made, which
+/// `next_deadline` reported too; and after the close, `next_deadline` said `None`.
 #[tokio::test(start_paused = true)]
 async fn a_retry_after_the_longest_delay_waits_for_the_close() {
-    let (tx, mut rx) = timed::Builder::new(Duration::ZERO).acked();
-    tx.send("k", 1).await.unwrap();
-    let delivery = rx.recv().await.unwrap().remove(0);
-    delivery.retry_after(Duration::MAX).await.unwrap();
-    assert_eq!(rx.next_deadline(), None);
-    let millennium = secs(1000 * 365 * 24 * 3600);
-    let waited = tokio::time::timeout(millennium, rx.recv()).await;
-    assert!(waited.is_err(), "came back after a millennium");
-    drop(tx);
-    let again = rx.recv().await.unwrap().remove(0);
-    assert_eq!((again.values(), again.attempt()), (&[1][..], 2));
+    let year = secs(365 * 24 * 3600);
+    // Waited a millennium, past what the channel's clock holds, then closed by dropping the
+    // sender; or waited a year and closed by the receiver.
+    for (wait, close_by_drop) in [(year * 1000, true), (year, false)] {
+        let (tx, mut rx) = timed::Builder::new(Duration::ZERO).acked();
+        tx.send("k", 1).await.unwrap();
+        let delivery = rx.recv().await.unwrap().remove(0);
+        delivery.retry_after(Duration::MAX).await.unwrap();
+        assert_eq!(rx.next_deadline(), None);
+        let waited = tokio::time::timeout(wait, rx.recv()).await;
+        assert!(waited.is_err(), "came back after {wait:?}");
+        match close_by_drop {
+            true => drop(tx),
+            false => rx.close(),
+        }
+        let closed_at = Instant::now();
+        let next = rx.next_deadline().expect("due once closed");
+        if wait == year {
+            assert_eq!(next, closed_at);
+        }
+        let again = rx.recv().await.unwrap().remove(0);
+        assert_eq!(Instant::now(), closed_at);
+        assert_eq!((again.values(), again.attempt()), (&[1][..], 2));
+    }
 }
 
 /// `Deliveries::due`: values sent, or a flush, while a `retry_after` holds a key give it no
@@ -768,4 +782,63 @@ async fn a_retried_key_counts_by_the_reason_its_newer_values_gave_it() {
     d.retry().await.unwrap();
     assert_eq!(rx.try_recv().unwrap().remove(0).values(), &[1, 2]);
     assert_eq!(rx.stats().delivered_by.due, 4);
+}
+
+/// `ordered::AckReceiver::recv`: its one wait that needs tokio's timer is a `retry_after`
+/// delay. In a runtime without time, it waits for sends and decisions, and panics only
+/// when it has to wait out such a delay.
+#[test]
+fn an_ordered_receiver_needs_a_timer_only_for_a_retry_delay() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (tx, mut rx) = ordered::Builder::new().acked();
+        let sender = tx.clone();
+        tokio::spawn(async move { sender.send(1, "k", 1).await.unwrap() });
+        let delivery = rx.recv().await.unwrap().remove(0);
+        delivery.retry().await.unwrap();
+        let delivery = rx.recv().await.unwrap().remove(0);
+        assert_eq!(delivery.attempt(), 2);
+        delivery.retry_after(ms(20)).await.unwrap();
+        let waited = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(rx.recv()));
+        let panic = waited
+            .await
+            .expect_err("waited out a delay without a timer");
+        let text = panic.downcast_ref::<String>().map_or("", String::as_str);
+        assert!(text.contains("timers are disabled"), "{text}");
+        drop(tx);
+    });
+}
+
+/// `timed::AckReceiver`: a retried key keeps the deadline it went out with, so once due
+/// again (at once, or when its `retry_after` delay ends) it comes before a key whose
+/// deadline is later, though that one came due while it was out. `next_deadline` counts a
+/// held key from its delay's end, and a key retried at once by the deadline it kept.
+#[tokio::test(start_paused = true)]
+async fn a_retried_key_keeps_the_deadline_it_went_out_with() {
+    for delay in [ms(0), ms(10)] {
+        let (tx, mut rx) = timed::Builder::new(ms(100)).max_batch(1).acked();
+        let start = Instant::now();
+        tx.send(1, 10).await.unwrap(); // due at 100 ms
+        advance(ms(10)).await;
+        tx.send(2, 20).await.unwrap(); // due at 110 ms
+        advance(ms(90)).await;
+        let first = rx.try_recv().unwrap().remove(0);
+        assert_eq!(*first.key(), 1);
+        advance(ms(20)).await; // key 2 came due while key 1 was out
+        first.retry_after(delay).await.unwrap();
+        let next = rx.next_deadline();
+        match delay.is_zero() {
+            true => assert_eq!(next, Some(start + ms(100)), "the deadline it kept"),
+            false => assert_eq!(next, Some(start + ms(110)), "key 2's: key 1 is held"),
+        }
+        advance(delay).await;
+        let mut order = Vec::new();
+        while let Some(batch) = rx.try_recv().ok().filter(|_| order.len() < 2) {
+            order.extend(batch.iter().map(|d| *d.key()));
+            keyed_batch::ack::ack_all(batch).await.unwrap();
+        }
+        assert_eq!(order, vec![1, 2], "retried after {delay:?}");
+    }
 }

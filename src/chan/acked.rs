@@ -195,6 +195,11 @@ impl<F: Flavor, K, V> Acked<F, K, V> {
         at.filter(|&at| at != NEVER)
     }
 
+    /// Whether a `retry_after` holds a key, its delay ended or not.
+    pub(super) fn holds_delayed(&self) -> bool {
+        !self.delayed.is_empty()
+    }
+
     pub(super) fn add_stats(&self, stats: &mut Stats) {
         stats.in_flight_keys = self.flights.live;
         stats.in_flight_values = self.in_flight_values;

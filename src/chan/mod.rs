@@ -1999,10 +1999,13 @@ where
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
         let chan = &*self.chan;
         let state = chan.lock();
-        let retrying = state
-            .acked
-            .as_ref()
-            .is_some_and(|a| a.next_release().is_some());
+        // A retry held by a delay that never ends counts once the channel is closed, which
+        // releases it.
+        let closed = state.closed_at.is_some();
+        let retrying = state.acked.as_ref().is_some_and(|a| match closed {
+            true => a.holds_delayed(),
+            false => a.next_release().is_some(),
+        });
         if state.queue.fronts().next().is_none() && !retrying {
             return None;
         }
