@@ -544,6 +544,31 @@ async fn a_password_with_a_slash_or_a_query_mark_is_not_printed() {
     assert_eq!(url, "redis://127.0.0.1:***@b");
 }
 
+/// A URL with a `/` or the `:` of `://` left out does not parse, and its error shows it:
+/// the password the user meant stays out of that, and of the builder's `Debug`.
+#[tokio::test]
+async fn a_password_in_a_url_without_its_double_slash_is_not_printed() {
+    for (url, redacted) in [
+        ("redis:/:s3cret@localhost/", "redis:/:***@localhost/"),
+        ("redis//:s3cret@localhost/", "redis//:***@localhost/"),
+        (
+            "redis:/user:s3cret@localhost/",
+            "redis:/user:***@localhost/",
+        ),
+    ] {
+        let queue = redis::Builder::new(url, "q", ms(20));
+        assert!(!format!("{queue:?}").contains("s3cret"), "{queue:?}");
+        let err = queue.sender::<u32, u32>().await.unwrap_err();
+        let Error::Url { url: shown, .. } = &err else {
+            panic!("{url}: {err:?}");
+        };
+        assert_eq!(shown, redacted);
+        for text in [err.to_string(), format!("{err:?}")] {
+            assert!(!text.contains("s3cret"), "{text}");
+        }
+    }
+}
+
 /// A Unix socket's URL carries its password in the query, as `pass` (which the client also
 /// reads percent-encoded): that stays out of what a log would print too.
 #[tokio::test]

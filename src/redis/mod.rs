@@ -172,9 +172,14 @@ fn redacted(url: &str) -> String {
 }
 
 fn redacted_user_info(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
+    // The user info starts after `://`. A URL that lacks it (a `/` or the `:` left out) is
+    // one that fails to parse, and so one that an error shows: there it starts after the
+    // first `:/` and the slashes that follow, or at the URL's start if it has no `:/`.
+    let start = match url.find("://").or_else(|| url.find(":/")) {
+        Some(i) => url.len() - url[i + 1..].trim_start_matches('/').len(),
+        None => 0,
     };
+    let (head, rest) = url.split_at(start);
     // Not the authority's end at the first `/`: a password may hold a `/`, `?` or `#`
     // that is not percent-encoded, and a URL that fails to parse for it is the one that an
     // error shows. The user info ends at the last `@` before the query or fragment, or at
@@ -185,7 +190,7 @@ fn redacted_user_info(url: &str) -> String {
     };
     let (user_info, host) = (&rest[..at], &rest[at + 1..]);
     let user = user_info.split_once(':').map_or("", |(user, _)| user);
-    format!("{scheme}://{user}:***@{host}")
+    format!("{head}{user}:***@{host}")
 }
 
 /// A query parameter's name as the client reads it: `+` is a space and `%XX` a byte.
@@ -262,11 +267,12 @@ impl Builder {
         self
     }
 
-    /// How long a delivery is leased to its receiver. A receiver renews the leases of the
-    /// deliveries it holds every third of this. A lease that runs out (its holder died or
-    /// stalled) stays its holder's until a pull reclaims it (a renewal that comes first
-    /// keeps it): the next pull of its shard, by any receiver, reclaims up to 100 leases
-    /// a pull (see *In Redis* in the module docs): the values go out again with
+    /// How long a delivery is leased to its receiver, in whole milliseconds (a fraction of
+    /// one is dropped). A receiver renews the leases of the deliveries it holds every third
+    /// of this. A lease that runs out (its holder died or stalled) stays its holder's until
+    /// a pull reclaims it (a renewal that comes first keeps it): the next pull of its
+    /// shard, by any receiver, reclaims up to 100 leases a pull (see *In Redis* in the
+    /// module docs): the values go out again with
     /// `attempt + 1`, or, on the last attempt by that receiver's `max_attempts`, to the dead
     /// letters.
     ///
@@ -348,7 +354,9 @@ pub enum Error {
     Url {
         /// The URL, with any password in it replaced by `***`. A password may hold a `/`,
         /// `?` or `#` that is not percent-encoded, so in a URL whose only `@` comes after a
-        /// `?` or `#`, everything from the first `:` after `://` to that `@` is replaced.
+        /// `?` or `#`, everything from the first `:` after `://` to that `@` is replaced. In
+        /// a URL without `://`, the user info is taken to start after the first `:/` and
+        /// the slashes after it, or at the URL's start.
         url: String,
         /// What is wrong with it.
         detail: String,
