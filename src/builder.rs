@@ -200,7 +200,9 @@ impl<F, W> Builder<F, W> {
     /// Bounds the pending keys: a value for a key that is not pending waits (`send`) or is
     /// refused (`try_send`) while `n` keys are pending. Values for pending keys still go in.
     /// In an acknowledging channel, a key in flight counts as pending here until its
-    /// delivery is decided, and values for it go in (rule 3 of the acknowledging receivers).
+    /// delivery is decided, and values for it go in (rule 3 of the acknowledging receivers),
+    /// unless that delivery went out unheld, its key's `Clone` having panicked (see *Panics
+    /// in user code* in the crate docs).
     /// In a durable channel, a `send` for a key that is not pending takes a key slot when its
     /// record is written, and holds it while the record becomes durable, before its value
     /// goes in; a second `send` of that key meanwhile needs a slot of its own. A durable

@@ -136,7 +136,7 @@
 //! | `max_key_weight(n)` | `timed` | a key's pending weight | the key is due at once |
 //! | `capacity(n)` | both | pending values (and, acknowledging, those in flight and dead letters not taken) | `send` waits, `try_send` returns `Full` |
 //! | `max_weight(n)` | both | pending weight, with the new value (and, acknowledging, the weight in flight and in dead letters) | `send` waits, `try_send` returns `Full`; a value heavier than `n` waits for a channel that holds nothing, in flight and in dead letters included |
-//! | `max_keys(n)` | both | pending keys (and, acknowledging, keys in flight) | a value for a new key waits (`send`) or is refused (`try_send`); values for pending keys still go in, after any earlier send of the same key |
+//! | `max_keys(n)` | both | pending keys (and, acknowledging, keys in flight, but for one delivered unheld: see *Panics in user code*) | a value for a new key waits (`send`) or is refused (`try_send`); values for pending keys still go in, after any earlier send of the same key |
 //!
 //! Waiting sends go in first come, first served, and `try_send` returns
 //! [`TrySendError::Full`](error::TrySendError::Full) while earlier sends wait for room
@@ -310,7 +310,9 @@
 //! channel may drop its copy of the waker under the lock. In an
 //! acknowledging channel, a key whose `Clone` panicked cannot be held: that delivery goes
 //! out whole, and values sent for the key while it is in flight are not held back, so the
-//! key may have more than one delivery out at once. A later delivery of the key whose
+//! key may have more than one delivery out at once. Nor does such a delivery hold a
+//! `max_keys` slot: while it is out, a value sent for its key needs a slot, as a new key's
+//! does (its values still count toward `capacity` and `max_weight`). A later delivery of the key whose
 //! `Clone` does not panic is held as usual: newer values then wait for its decision. Each
 //! retry of a delivery that was not held puts its values back at once (`retry_after` does
 //! not wait out the delay), in front of the key's pending values (which wait for a held

@@ -410,7 +410,9 @@ impl<W> Builder<W> {
         self
     }
 
-    /// Makes a key due at once when its pending values weigh `n` or more.
+    /// Makes a key due at once when its pending values weigh `n` or more, whatever its
+    /// deadline (in an acknowledging channel, a key with a delivery in flight, or held by a
+    /// `retry_after` delay, still waits for it, as its deadline would).
     ///
     /// # Panics
     ///
@@ -1354,10 +1356,12 @@ impl<K, V> fmt::Debug for Receiver<K, V> {
 ///    newer values; while the key is held by `retry_after`, values sent for it join it, and
 ///    when the delay ends all of them go out in one delivery, bounded by the batch caps.
 /// 3. **Capacity until the decision.** Values in flight count toward `capacity`,
-///    `max_weight` and `max_keys` until they are acknowledged, given up or dead-lettered:
-///    room returns on the decision, not when the batch is taken. Dead letters not yet
-///    taken count toward `capacity` and `max_weight` too, but not toward `max_keys`: a
-///    key counts there only while it has values pending or in flight.
+///    `max_weight` and `max_keys` (toward `max_keys`, not those of a delivery that went
+///    out unheld: see *Panics in user code* in the crate docs) until they are
+///    acknowledged, given up or dead-lettered: room returns on the decision, not when the
+///    batch is taken. Dead letters not yet taken count toward `capacity` and `max_weight`
+///    too, but not toward `max_keys`: a key counts there only while it has values pending
+///    or in flight.
 /// 4. **Closing.** When the channel closes, everything is due at once, held retries
 ///    included. The stream ends only when nothing is pending and no delivery is
 ///    undecided, so a retry after the close still goes out.

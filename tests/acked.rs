@@ -103,11 +103,25 @@ async fn retry_after_joins_new_values() {
     ack_all(batch).await;
 }
 
-/// `max_values_per_key` makes a key due at once, but a key with a delivery in flight, or
-/// held by `retry_after`, still waits for it, as `Builder::max_values_per_key` says.
+/// `max_values_per_key` and `max_key_weight` make a key due at once, but a key with a
+/// delivery in flight, or held by `retry_after`, still waits for it, as their docs say.
 #[tokio::test(start_paused = true)]
 async fn a_full_key_still_waits_for_its_delivery_and_its_retry_delay() {
-    let (tx, mut rx) = timed::Builder::new(WINDOW).max_values_per_key(2).acked();
+    let by_count = timed::Builder::new(WINDOW).max_values_per_key(2).acked();
+    let by_weight = timed::Builder::new(WINDOW)
+        .weigher(|_: &u32| 5)
+        .max_key_weight(10)
+        .acked();
+    for (tx, rx) in [by_count, by_weight] {
+        a_full_key_waits(tx, rx).await;
+    }
+}
+
+/// The test above, on one channel.
+async fn a_full_key_waits(
+    tx: timed::Sender<&'static str, u32>,
+    mut rx: timed::AckReceiver<&'static str, u32>,
+) {
     tx.send("k", 1).await.unwrap();
     tx.send("k", 2).await.unwrap();
     let delivery = rx.try_recv().unwrap().remove(0); // full: due at once

@@ -1065,6 +1065,31 @@ fn an_unheld_key_counts_each_delivery_in_flight() {
     assert_eq!((stats.in_flight_values, stats.in_flight_keys), (2, 2));
 }
 
+/// A delivery that went out unheld holds no `max_keys` slot: another key's value goes in
+/// while it is out, and a value for its own key then needs a slot, as a new key's does. Its
+/// values still count toward `capacity`.
+#[tokio::test(start_paused = true)]
+async fn an_unheld_key_in_flight_holds_no_key_slot() {
+    let (tx, mut rx) = ordered::Builder::new()
+        .max_keys(1)
+        .capacity(3)
+        .acked::<u8, Touchy, u32>();
+    tx.try_send(0, Touchy(7), 1).unwrap();
+    arm(7, &[What::Clone]);
+    assert!(panics(|| rx.try_recv()));
+    let delivery = rx.try_recv().unwrap().remove(0); // whole, and not held
+    disarm();
+    assert_eq!(rx.stats().in_flight_keys, 1);
+    tx.try_send(0, Touchy(8), 2).unwrap();
+    let full = tx.try_send(0, Touchy(7), 3).unwrap_err();
+    assert!(full.is_full(), "key 8 holds the one slot");
+    tx.try_send(0, Touchy(8), 3).unwrap();
+    let full = tx.try_send(0, Touchy(8), 4).unwrap_err();
+    assert!(full.is_full(), "capacity 3: two pending, one in flight");
+    delivery.ack().await.unwrap();
+    tx.try_send(0, Touchy(8), 4).unwrap();
+}
+
 /// A send whose value goes in before another sort key's `Ord` panics is counted as sent,
 /// and its key's run as pending, as the same panic is through the inbox.
 #[test]
