@@ -1134,6 +1134,33 @@ async fn decisions_alone_are_not_synced() {
     assert_eq!(tx.log_error().unwrap().raw_os_error(), Some(5), "EIO");
 }
 
+/// A decision resolves once its record is written: under `Interval(d)`, one made `d` after
+/// the last sync shares its commit with the sync then due, and resolves before that sync,
+/// though the sync fails. It used to wait for the sync, and fail with it.
+#[cfg(feature = "fault-injection")]
+#[tokio::test]
+async fn an_interval_decision_does_not_wait_for_the_sync_that_is_due() {
+    const INTERVAL: Duration = Duration::from_millis(100);
+    let dir = TempDir::new().unwrap();
+    let (tx, mut rx) = hourly(dir.path())
+        .fsync(FsyncPolicy::Interval(INTERVAL))
+        .fail_syncs_after(1)
+        .open::<String, u32>()
+        .await
+        .unwrap();
+    tx.send(k("a"), 1).await.unwrap(); // written; synced up to `d` later
+    std::thread::sleep(3 * INTERVAL); // that sync ran, and `d` has passed since
+    assert!(tx.log_error().is_none(), "the first sync succeeded");
+    let delivery = rx.drain_now().remove(0).remove(0);
+    delivery.ack().await.unwrap();
+    while tx.log_error().is_none() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    drop((tx, rx));
+    let (_tx, rx) = open(dir.path()).await;
+    assert!(rx.is_empty(), "the acknowledgement was written");
+}
+
 /// A channel on `dir` whose log failed on the record of its one value, `key`: `value`,
 /// which went in at once.
 #[cfg(feature = "fault-injection")]

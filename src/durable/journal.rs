@@ -501,26 +501,34 @@ impl Committer {
             FsyncPolicy::Never => false,
         };
         if sync {
+            // What waits for the write alone (a decision; a send, but under `Always`) sees
+            // the mark before the sync runs: it does not wait for the sync, nor fail with it.
+            self.publish_marks();
             // Never retried: after a failed fsync the kernel may have dropped the dirty
             // pages, and a second fsync would report success for data that is gone.
             self.sync()?;
             self.synced = self.written;
             self.last_sync = Instant::now();
         }
+        self.publish_marks();
+        self.forget(done);
+        self.trim()?;
+        let stats = self.files.stats();
+        self.shared.marks.send_modify(|m| m.stats = stats);
+        Ok(())
+    }
+
+    /// Publishes how far the log is written and synced. The figures go with the marks: a
+    /// `send` that sees its record written sees it counted too ("as of its last write",
+    /// `Stats::log_bytes`).
+    fn publish_marks(&self) {
         let (written, synced) = (self.written, self.synced);
-        // The figures go with the marks: a `send` that sees its record written sees it
-        // counted too ("as of its last write", `Stats::log_bytes`).
         let stats = self.files.stats();
         self.shared.marks.send_modify(|m| {
             m.written = written;
             m.synced = synced;
             m.stats = stats;
         });
-        self.forget(done);
-        self.trim()?;
-        let stats = self.files.stats();
-        self.shared.marks.send_modify(|m| m.stats = stats);
-        Ok(())
     }
 
     /// Marks values done: their segments may go.
