@@ -40,7 +40,9 @@ pub struct Stats {
     /// The total weight of the pending values: their count when there is no weigher.
     pub pending_weight: usize,
     /// How long ago the oldest pending run of values began: the time since the first value
-    /// of the longest-waiting key went in (or was requeued into an empty key). `None` when
+    /// of the longest-waiting key went in (or was requeued into an empty key; for a value
+    /// sent through the inbox, since it was sent: see *Panics in user code* in the crate
+    /// docs). `None` when
     /// nothing is pending. In an acknowledging channel, values in flight are not pending;
     /// values a retry brings back count from when the run they went out in began, or, if
     /// nothing of the key was left pending and values came for it while they were in

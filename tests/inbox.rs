@@ -16,8 +16,11 @@
 mod common;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::future::Future;
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
 use std::thread;
 use std::time::Duration;
 
@@ -361,4 +364,81 @@ async fn taking_in_a_value_that_never_comes_due_wakes_no_one() {
     tx.try_send(1, 1).unwrap();
     assert_eq!(tx.stats().pending_values, 1); // takes it in
     assert!(!recv.is_woken(), "woken for a value that never comes due");
+}
+
+/// A waker that counts its wakes: a task's own merges repeated wakes.
+#[derive(Default)]
+struct Count(AtomicUsize);
+
+impl Wake for Count {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A counting waker, and its count.
+fn counter() -> (Arc<Count>, Waker) {
+    let count = Arc::new(Count::default());
+    (Arc::clone(&count), Waker::from(Arc::clone(&count)))
+}
+
+fn wakes(count: &Count) -> usize {
+    count.0.load(Ordering::SeqCst)
+}
+
+fn poll_with<F: Future>(fut: Pin<&mut F>, waker: &Waker) -> Poll<F::Output> {
+    fut.poll(&mut Context::from_waker(waker))
+}
+
+/// One send through the inbox whose key comes to the front is one event: it wakes each
+/// waiting receiver once (the crate docs, *No polling*: `n` wakes for `n` receivers). It
+/// used to wake each twice: once from the send that took the lock to wake them, and again
+/// as the same lock took its value in.
+#[tokio::test(start_paused = true)]
+async fn one_send_through_the_inbox_wakes_each_receiver_once() {
+    inbox_always();
+    let (tx, mut rx) = timed::channel::<u32, u32>(ms(100));
+    let mut rx2 = rx.clone();
+    let ((c1, w1), (c2, w2)) = (counter(), counter());
+    let mut r1 = pin!(rx.recv());
+    let mut r2 = pin!(rx2.recv());
+    assert!(poll_with(r1.as_mut(), &w1).is_pending());
+    assert!(poll_with(r2.as_mut(), &w2).is_pending());
+    tx.try_send(1, 1).unwrap();
+    assert_eq!((wakes(&c1), wakes(&c2)), (1, 1));
+    advance(ms(100)).await;
+    assert_eq!(
+        poll_with(r1.as_mut(), &w1),
+        Poll::Ready(Some(vec![(1, vec![1])]))
+    );
+}
+
+/// Once a flush has woken the receivers, a send whose key does not come to the front (the
+/// flushed key, due now, stays there) wakes no one. It used to: the inbox compared with
+/// the deadline the receiver slept until, which the flush left in place.
+#[tokio::test(start_paused = true)]
+async fn a_send_behind_a_flushed_key_does_not_wake() {
+    inbox_always();
+    let (tx, mut rx) = timed::channel::<u32, u32>(ms(100));
+    tx.try_send(1, 1).unwrap();
+    let (count, waker) = counter();
+    {
+        let mut recv = pin!(rx.recv());
+        assert!(poll_with(recv.as_mut(), &waker).is_pending());
+        tx.flush(&1);
+        assert_eq!(wakes(&count), 1, "the flush wakes the receiver");
+        tx.try_send_by(2, 2, Instant::now() + ms(50)).unwrap();
+        assert_eq!(wakes(&count), 1, "key 2 does not come to the front");
+        let batch = poll_with(recv.as_mut(), &waker);
+        assert_eq!(batch, Poll::Ready(Some(vec![(1, vec![1])])));
+    }
+    // Looking again, the receiver sleeps until key 2's deadline, and an earlier send wakes
+    // it once more.
+    let mut recv = pin!(rx.recv());
+    assert!(poll_with(recv.as_mut(), &waker).is_pending());
+    tx.try_send_by(3, 3, Instant::now() + ms(10)).unwrap();
+    assert_eq!(wakes(&count), 2, "key 3 comes to the front");
 }

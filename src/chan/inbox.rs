@@ -45,6 +45,8 @@
 //! (a `SeqCst` fence on both sides, Dekker-style): either it sees the value, or the sender
 //! sees its deadline. What it sees there it takes in once, and lowers its deadline if need
 //! be; it never loops, so producers that keep the inbox busy cannot keep a receiver awake.
+//! Once a lock's holder wakes the receivers, `earliest` is 0 until one publishes again:
+//! they take the inbox in when they look, so no send needs to wake them meanwhile.
 //!
 //! # Closing
 //!
@@ -212,6 +214,13 @@ impl<F: Flavor, K, V> Inbox<F, K, V> {
     pub(super) fn lower(&self, deadline: Option<u64>) {
         self.earliest
             .fetch_min(deadline.unwrap_or(u64::MAX), SeqCst);
+    }
+
+    /// Marks the waiting receivers woken: until one publishes a deadline again, no send
+    /// needs to wake them, since they take the inbox in when they look. Without it, each
+    /// send due before the deadline they slept until would wake them again meanwhile.
+    pub(super) fn woken(&self) {
+        self.earliest.store(0, SeqCst);
     }
 
     /// Forgets the published deadline: a receiver stopped waiting, so the next send wakes

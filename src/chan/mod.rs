@@ -312,13 +312,21 @@ struct Guard<'a, F: Flavor, K, V> {
     spare_values: Vec<V>,
     /// Whether to notify `closed()` calls.
     notify_closed: bool,
+    /// Whether the waiting receivers are to be woken once the lock is released: once is
+    /// enough for everything done under it, since they look only after.
+    receivers_woken: bool,
 }
 
 impl<F: Flavor, K, V> Guard<'_, F, K, V> {
-    /// Wakes every waiting receiver once the lock is released.
+    /// Wakes every waiting receiver once the lock is released (once per lock).
     fn wake_receivers(&mut self) {
-        let state = self.state.as_ref().expect("the guard holds the lock");
-        state.receiving.wake_all(&mut self.wakes);
+        if !mem::replace(&mut self.receivers_woken, true) {
+            let state = self.state.as_ref().expect("the guard holds the lock");
+            state.receiving.wake_all(&mut self.wakes);
+            if let Some((inbox, _)) = self.chan.inbox.as_deref() {
+                inbox.woken();
+            }
+        }
     }
 }
 
@@ -343,7 +351,8 @@ impl<F: Flavor, K, V> Drop for Guard<'_, F, K, V> {
         };
         if let Some((_, take_in)) = self.chan.inbox.as_deref() {
             if HOLDING.get() & OWED != 0 {
-                pay_owed(self.chan, &mut state, *take_in, &mut self.wakes);
+                pay_owed(self.chan, &mut state, *take_in);
+                state.inbox_leads = true;
             }
             // Guards are dropped in the reverse of the order they were made.
             HOLDING.set(state.held_before);
@@ -354,8 +363,11 @@ impl<F: Flavor, K, V> Drop for Guard<'_, F, K, V> {
         };
         let spares = mem::take(&mut state.spares);
         let lost = mem::take(&mut state.inbox_lost);
-        if mem::take(&mut state.inbox_leads) {
+        if mem::take(&mut state.inbox_leads) && !self.receivers_woken {
             state.receiving.wake_all(&mut self.wakes);
+            if let Some((inbox, _)) = self.chan.inbox.as_deref() {
+                inbox.woken();
+            }
         }
         drop(state);
         drop(trash);
@@ -370,20 +382,18 @@ impl<F: Flavor, K, V> Drop for Guard<'_, F, K, V> {
     }
 }
 
-/// Takes the inbox in and wakes the receivers, for a send made on this thread by user code
-/// under the lock: see [`Chan::wake_after_inbox`]. Taking its value in may run user code
-/// that sends again.
+/// Takes the inbox in, for a send made on this thread by user code under the lock: see
+/// [`Chan::wake_after_inbox`]. Taking its value in may run user code that sends again. The
+/// caller then wakes the receivers.
 #[cold]
 fn pay_owed<F: Flavor, K, V>(
     chan: &Chan<F, K, V>,
     state: &mut State<F, K, V>,
     take_in: TakeIn<F, K, V>,
-    wakes: &mut Vec<Waker>,
 ) {
     while HOLDING.get() & OWED != 0 {
         HOLDING.set(chan.addr());
         take_in(chan, state);
-        state.receiving.wake_all(wakes);
     }
 }
 
@@ -559,6 +569,7 @@ impl<F: Flavor, K, V> Chan<F, K, V> {
             spare: (None, None),
             spare_values: Vec::new(),
             notify_closed: false,
+            receivers_woken: false,
         }
     }
 
