@@ -83,13 +83,20 @@ impl<V> Values<V> {
     /// Takes the first `count` of them.
     pub(super) fn take_front(&mut self, count: usize) -> Vec<V> {
         match self {
-            Values::Many(values) => {
-                let rest = values.split_off(count);
-                mem::replace(values, rest)
-            }
+            Values::Many(values) => take_front(values, count),
             Values::One(_) if count == 0 => Vec::new(),
             Values::One(_) => mem::replace(self, Values::new()).into_vec(),
         }
+    }
+}
+
+/// The first `count` of `items`, in a `Vec` of their own. Not `split_off`, which leaves the
+/// front in the old buffer: a batch of ten values split off a key of a million held that
+/// key's whole buffer, and every rest was copied into a new one.
+fn take_front<T>(items: &mut Vec<T>, count: usize) -> Vec<T> {
+    match count >= items.len() {
+        true => mem::take(items),
+        false => items.drain(..count).collect(),
     }
 }
 
@@ -364,13 +371,10 @@ impl<R, K, V> Slot<R, K, V> {
         };
         let weights = extra.weights.as_mut().map(|weights| {
             weights.total -= weight;
-            let rest = weights.each.split_off(count);
-            mem::replace(&mut weights.each, rest)
+            take_front(&mut weights.each, count)
         });
-        let rest = extra.handed.split_off(count.min(extra.handed.len()));
-        let handed = mem::replace(&mut extra.handed, rest);
-        let rest = extra.seqs.split_off(count.min(extra.seqs.len()));
-        let seqs = mem::replace(&mut extra.seqs, rest);
+        let handed = take_front(&mut extra.handed, count);
+        let seqs = take_front(&mut extra.seqs, count);
         // What is left entered after the front that goes, so the old front's time is
         // still a time at or before it; it goes once nothing is left.
         let entered = extra.entered;

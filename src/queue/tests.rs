@@ -681,6 +681,32 @@ fn a_release_ends_its_hold_though_an_earlier_panic_tore_the_index() {
     assert_eq!(q.pop_batch(usize::MAX, |_| true), want);
 }
 
+/// A batch's part of a split key is a `Vec` of its own size: it used to keep the key's
+/// whole buffer, so each batch of ten split off a key of 100,000 values held room for all
+/// of them.
+#[test]
+fn a_split_part_holds_only_its_own_values() {
+    let mut q = SortedQueue::new();
+    for v in 0..100_000u32 {
+        q.push_with("big", v, 1 + v as usize % 3, |_, _| 0u32);
+    }
+    for round in 0..3 {
+        let batch = q.pop_batch(10, |_| true);
+        let (key, values) = &batch[0];
+        assert_eq!((*key, values.len()), ("big", 10));
+        assert!(
+            values.capacity() < 20,
+            "round {round}: {}",
+            values.capacity()
+        );
+        let first = round * 10;
+        assert_eq!(values[0], first, "the oldest values first");
+    }
+    assert_eq!(q.len(), 100_000 - 30);
+    let weight: usize = (30..100_000).map(|v| 1 + v % 3).sum();
+    assert_eq!(q.weight(), weight, "the weights went with their values");
+}
+
 #[test]
 fn a_held_key_lowers_its_rank_without_a_ticket() {
     let mut q = SortedQueue::new();
