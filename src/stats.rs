@@ -135,7 +135,8 @@ pub struct Deliveries {
     /// a retried one is due when its retry delay ends, and counts by the reason it went out
     /// with, as does one that a `retry_after` holds when the channel closes, unless values
     /// sent for it while its delivery was in flight, before it was decided, made it due
-    /// sooner for another reason, a full key or a flush: that reason counts then; values
+    /// sooner (their deadline passed before the retry's time, which `timed::AckReceiver`
+    /// gives, or they filled the key, or a flush came): their reason counts then; values
     /// sent, or a flush, while a `retry_after` holds it change nothing).
     /// `ordered`: every delivery, since a key is due as soon as it is pending.
     pub due: u64,

@@ -1342,10 +1342,11 @@ impl<K, V> fmt::Debug for Receiver<K, V> {
 /// [`retry`](Delivery::retry), [`retry_after`](Delivery::retry_after) or
 /// [`give_up`](Delivery::give_up); dropped undecided, it is retried at once.
 ///
-/// A retried key keeps the deadline it went out with (lowered by any earlier one sent for
-/// it since). So once it is due again, at once or when a `retry_after` delay ends, it comes
-/// before keys whose deadlines are later than that one, even keys that came due while it
-/// was out.
+/// A retried key is due by the earlier of its retry's time (the decision, or the end of a
+/// `retry_after` delay; at the latest, the close) and its deadline while it was out: the one
+/// it went out with, or, once values were sent for it meanwhile, the earliest of theirs.
+/// So once due again it comes before keys whose deadlines are later than that, even keys
+/// that came due while it was out.
 ///
 /// # Rules
 ///
@@ -1536,10 +1537,9 @@ where
     }
 
     /// When the next batch is due, as [`Receiver::next_deadline`] says; a key held by
-    /// `retry_after` counts from when its delay ends (and then by the deadline it kept: see
-    /// [`AckReceiver`]), and one retried at once by the deadline it kept. The newer values
-    /// of a key in flight have no deadline until its delivery is decided: `None` if only
-    /// they are pending.
+    /// `retry_after` counts from when its delay ends, and a retried key, once released, by
+    /// the deadline [`AckReceiver`] says it is due by. The newer values of a key in flight
+    /// have no deadline until its delivery is decided: `None` if only they are pending.
     ///
     /// # Examples
     ///

@@ -856,3 +856,115 @@ async fn a_retried_key_keeps_the_deadline_it_went_out_with() {
         assert_eq!(order, vec![1, 2], "retried after {delay:?}");
     }
 }
+
+/// `Deliveries::due`: a retried key counts by the reason it went out with (a flush, a full
+/// key), unless a value sent for it while it was out came due before the retry's time:
+/// then by that value's deadline, `due`.
+#[tokio::test(start_paused = true)]
+async fn a_retried_key_counts_by_a_newer_values_deadline_that_passed_first() {
+    // Went out flushed; retried at once, after the newer value's deadline.
+    let (tx, mut rx) = timed::Builder::new(secs(1)).acked();
+    tx.send("k", 1).await.unwrap();
+    tx.flush(&"k");
+    let d = rx.try_recv().unwrap().remove(0);
+    tx.send("k", 2).await.unwrap(); // waits behind the delivery; due 1 s on
+    advance(secs(2)).await;
+    d.retry().await.unwrap();
+    let d = rx.try_recv().unwrap().remove(0);
+    assert_eq!(d.values(), &[1, 2]);
+    let by = rx.stats().delivered_by;
+    assert_eq!((by.flush, by.due), (1, 1), "{by:?}");
+    // Went out full; its retry delay ends after the newer value's deadline.
+    let (tx, mut rx) = timed::Builder::new(secs(1)).max_values_per_key(2).acked();
+    tx.send("k", 1).await.unwrap();
+    tx.send("k", 2).await.unwrap(); // full: due at once
+    let d = rx.try_recv().unwrap().remove(0);
+    tx.send("k", 3).await.unwrap(); // one value behind the delivery: not full
+    d.retry_after(secs(5)).await.unwrap();
+    let waited = tokio::spawn(async move {
+        let d = rx.recv().await.unwrap().remove(0);
+        let values = d.values().to_vec();
+        d.ack().await.unwrap();
+        (values, rx.stats().delivered_by)
+    });
+    let (values, by) = waited.await.unwrap();
+    assert_eq!(values, [1, 2, 3]);
+    assert_eq!((by.full_key, by.due), (1, 1), "{by:?}");
+    drop(tx);
+}
+
+/// A retried key with values sent for it while it was out is due by the earliest of their
+/// deadlines, if that comes before the retry: here after a key due a moment before them.
+#[tokio::test(start_paused = true)]
+async fn a_retried_key_with_newer_values_is_due_by_theirs() {
+    let (tx, mut rx) = timed::Builder::new(ms(100)).max_batch(1).acked();
+    tx.send(1, 10).await.unwrap(); // due at 100 ms
+    advance(ms(100)).await;
+    let delivery = rx.try_recv().unwrap().remove(0);
+    advance(ms(5)).await;
+    tx.send(2, 20).await.unwrap(); // due at 205 ms
+    advance(ms(5)).await;
+    tx.send(1, 11).await.unwrap(); // due at 210 ms, behind the delivery
+    advance(ms(190)).await;
+    delivery.retry().await.unwrap();
+    let mut order = Vec::new();
+    while let Ok(batch) = rx.try_recv() {
+        order.extend(batch.iter().map(|d| *d.key()));
+        keyed_batch::ack::ack_all(batch).await.unwrap();
+    }
+    // Key 1's two values go out a batch each.
+    let want = vec![2, 1, 1];
+    assert_eq!(order, want, "key 2 (205 ms) before key 1 (210 ms, not 100)");
+}
+
+/// `Deliveries::close`: a key retried after the close counts by its own reason, `due`
+/// here, though a value sent for it while it was out (due later) gave it no other: the
+/// retry is ranked as of the close at the latest. It used to be ranked as of the decision,
+/// after the close, and counted `close`. A receiver task waits in `recv`.
+#[tokio::test(start_paused = true)]
+async fn a_key_retried_after_the_close_counts_by_its_reason_with_a_newer_value() {
+    let (tx, mut rx) = timed::Builder::new(secs(1)).acked();
+    tx.send("k", 1).await.unwrap();
+    advance(secs(1)).await;
+    let d = rx.recv().await.unwrap().remove(0); // due by its deadline
+    tx.send("k", 2).await.unwrap(); // due at 2 s: gives the key no other reason
+    let consumer = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        while let Some(batch) = rx.recv().await {
+            for d in batch {
+                seen.push(d.values().to_vec());
+                d.ack().await.unwrap();
+            }
+        }
+        (seen, rx.stats().delivered_by)
+    });
+    advance(ms(100)).await;
+    drop(tx); // the close
+    advance(ms(100)).await;
+    d.retry().await.unwrap();
+    let (seen, by) = consumer.await.unwrap();
+    assert_eq!(seen, vec![vec![1, 2]]);
+    assert_eq!((by.due, by.close), (2, 0), "{by:?}");
+}
+
+/// The same for a key that a `retry_after` holds when the channel closes and a receiver
+/// takes a moment after.
+#[tokio::test(start_paused = true)]
+async fn a_key_held_by_retry_after_at_the_close_counts_by_its_reason_when_taken_later() {
+    let (tx, mut rx) = timed::Builder::new(secs(1)).acked();
+    let start = Instant::now();
+    tx.send("k", 1).await.unwrap();
+    advance(secs(1)).await;
+    let d = rx.recv().await.unwrap().remove(0); // due by its deadline
+    tx.send("k", 2).await.unwrap(); // due at 2 s: gives the key no other reason
+    d.retry_after(secs(10)).await.unwrap();
+    advance(ms(100)).await;
+    drop(tx); // the close, while the delay holds the key
+    advance(ms(100)).await;
+    assert!(start.elapsed() < secs(2));
+    let d = rx.try_recv().unwrap().remove(0);
+    assert_eq!(d.values(), &[1, 2]);
+    d.ack().await.unwrap();
+    let by = rx.stats().delivered_by;
+    assert_eq!((by.due, by.close), (2, 0), "{by:?}");
+}

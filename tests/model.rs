@@ -1421,12 +1421,13 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
     /// Ends the holds of retries whose delay is over, or of all of them once closed.
     fn release_retries(&mut self) {
         let (closed, now) = (self.closed, self.now);
+        let closed_at = self.closed_at.unwrap_or(u64::MAX);
         let model = &mut self.model;
         self.acks.delayed.retain(|&(at, key, rank)| {
             let over = closed || at <= now;
             if over {
-                // Due when its delay ended, however late the model looks.
-                model.release(key, Some(F::retried(rank, at.min(now))));
+                // Due when its delay ended, however late the model looks, or at the close.
+                model.release(key, Some(F::retried(rank, at.min(now).min(closed_at))));
             }
             !over
         });
@@ -1589,8 +1590,12 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
         } else {
             acks.retried += values.len() as u64;
             self.model.give_back(key, values);
+            // After the close, due as of the close, as a requeue then is.
+            let due_at = self
+                .closed_at
+                .map_or(self.now, |closed| self.now.min(closed));
             match delay == 0 || self.closed {
-                true => self.model.release(key, Some(F::retried(rank, self.now))),
+                true => self.model.release(key, Some(F::retried(rank, due_at))),
                 false => acks.delayed.push((self.now + delay, key, rank)),
             }
         }

@@ -312,7 +312,8 @@ where
     /// `drain_now` does not end them early: a delay asked for by `retry_after` is a
     /// backoff from a failing destination, not a deadline to flush.
     fn release_retries(&self, state: &mut State<F, K, V>, now: u64) {
-        let closed = state.closed_at.is_some();
+        let closed_at = state.closed_at;
+        let closed = closed_at.is_some();
         let State {
             acked,
             queue,
@@ -329,9 +330,10 @@ where
             let Some(Reverse(delayed)) = acked.delayed.pop() else {
                 break;
             };
-            // Due when its delay ended, however late a receiver looks (or now, in a channel
-            // that closed before the delay was over).
-            let rank = F::retried(delayed.rank, delayed.at.min(now));
+            // Due when its delay ended, however late a receiver looks (or at the close, in a
+            // channel that closed before the delay was over).
+            let at = delayed.at.min(now).min(closed_at.unwrap_or(u64::MAX));
+            let rank = F::retried(delayed.rank, at);
             // A retried key has values, so it stays; should it not, its key is dropped
             // after the lock.
             if let (_, Some(key)) = queue.release(delayed.hold, Release::Lower(rank)) {
@@ -475,7 +477,10 @@ where
                 };
                 // Only a retry needs the time: an ack is cheaper without it.
                 let now = self.now();
-                let rank = F::retried(rank.take().expect("not yet used"), now);
+                // After the close, due as of the close (the close held nothing back), so that
+                // it counts by its own reason in `Deliveries`, as a requeue then does.
+                let due_at = guard.closed_at.map_or(now, |closed| now.min(closed));
+                let rank = F::retried(rank.take().expect("not yet used"), due_at);
                 match flight.hold {
                     Some(hold) => {
                         // The slot keeps its own key: this one drops after the lock.
