@@ -448,6 +448,35 @@ async fn nothing_listens_at_the_url() {
     eprintln!("closed port: both refused within {:?}", started.elapsed());
 }
 
+/// A sender used after the runtime it was made on has shut down fails with
+/// `Error::Connection` and hands its value back: its connection was on that runtime. It
+/// used to panic, as if the crate had a bug.
+#[test]
+fn a_sender_outliving_its_runtime_fails_with_its_value() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first = runtime();
+    let tx = first.block_on(async {
+        let tx = builder(&server, "gone", ms(20))
+            .sender::<u32, u32>()
+            .await
+            .unwrap();
+        tx.send(1, 10).await.unwrap();
+        tx
+    });
+    drop(first);
+    let sent = runtime().block_on(async { step("send", tx.send(2, 20)).await });
+    let err = sent.unwrap_err();
+    assert!(failed_to_connect(&err, &(2, 20)), "{err:?}");
+}
+
 /// A server that is reached but refuses the connection (a database it does not have, a
 /// wrong password) answered with an error: `Error::Server`, not `Error::Connection`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -128,7 +128,9 @@ impl<K: Serialize, V: Serialize> Sender<K, V> {
     ///
     /// [`SendError::Closed`] if the queue is closed, [`SendError::Failed`] if the key or
     /// value does not encode, or the server could not be reached, the connection broke, or
-    /// the server refused. The key and value come back in either.
+    /// the server refused (or, as [`Error::Connection`], if the tokio runtime the sender was
+    /// made on has shut down, since its connection was there). The key and value come back
+    /// in either.
     ///
     /// # Cancel safety
     ///
@@ -178,11 +180,19 @@ impl<K: Serialize, V: Serialize> Sender<K, V> {
                 within,
                 outcome: tx,
             };
-            // The line's task lives as long as the line, which we hold: neither fails.
-            if line.send(send).is_err() {
-                unreachable!("the line's task outlives its senders");
-            }
-            match rx.await.expect("the line's task answers every send") {
+            // The line's task lives as long as the line, which we hold, unless the runtime
+            // it was spawned on has shut down: then its connection is gone with it.
+            let answer = match line.send(send) {
+                Ok(()) => rx.await.ok(),
+                Err(_) => None,
+            };
+            let Some(answer) = answer else {
+                return Err(SendError::Failed {
+                    value: (key, value),
+                    error: runtime_gone(),
+                });
+            };
+            match answer {
                 Outcome::Sent => return Ok(()),
                 Outcome::Closed => return Err(SendError::Closed((key, value))),
                 Outcome::Failed(error) => {
@@ -252,4 +262,14 @@ impl<K, V> fmt::Debug for Sender<K, V> {
             .field("queue", &self.shared.queue.config.name)
             .finish_non_exhaustive()
     }
+}
+
+/// The error of a send whose line's task is gone: the runtime the sender was made on has
+/// shut down, and the connection with it.
+fn runtime_gone() -> Error {
+    let gone = std::io::Error::new(
+        std::io::ErrorKind::BrokenPipe,
+        "the tokio runtime this sender was made on has shut down",
+    );
+    Error::Connection(gone.into())
 }
