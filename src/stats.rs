@@ -137,7 +137,9 @@ pub struct Deliveries {
     /// sent for it while its delivery was in flight, before it was decided, made it due
     /// sooner (their deadline passed before the retry's time, which `timed::AckReceiver`
     /// gives, or they filled the key, or a flush came): their reason counts then; values
-    /// sent, or a flush, while a `retry_after` holds it change nothing).
+    /// sent, or a flush, while a `retry_after` holds it change nothing; one that `drain_now`
+    /// took before it was due counts by its deadline's reason, `due` unless a full key or a
+    /// flush gave it another).
     /// `ordered`: every delivery, since a key is due as soon as it is pending.
     pub due: u64,
     /// `timed`: the key reached `max_values_per_key` or `max_key_weight` before its deadline.

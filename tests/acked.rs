@@ -14,7 +14,7 @@ use tokio::time::{advance, Instant};
 use tokio_test::task;
 use tokio_test::{assert_pending, assert_ready};
 
-use common::time::{ms, secs};
+use common::time::{ms, secs, HOUR};
 
 const WINDOW: Duration = secs(1);
 
@@ -967,4 +967,85 @@ async fn a_key_held_by_retry_after_at_the_close_counts_by_its_reason_when_taken_
     d.ack().await.unwrap();
     let by = rx.stats().delivered_by;
     assert_eq!((by.due, by.close), (2, 0), "{by:?}");
+}
+
+/// `timed::AckReceiver`: the rest of a key that a batch split keeps the deadline the key
+/// went out with, lowered only by an earlier one, so its retry is due by that deadline,
+/// though a value sent while its first part was out is due later than the retry.
+#[tokio::test(start_paused = true)]
+async fn a_split_keys_retry_keeps_the_deadline_it_went_out_with() {
+    let (tx, mut rx) = timed::Builder::new(ms(100)).max_batch(2).acked();
+    let start = Instant::now();
+    for v in 0..3 {
+        tx.send(1, v).await.unwrap(); // due at 100 ms
+    }
+    advance(ms(10)).await;
+    tx.send(2, 20).await.unwrap(); // due at 110 ms
+    advance(ms(90)).await;
+    let first = rx.try_recv().unwrap().remove(0);
+    assert_eq!((first.key(), first.values()), (&1, &[0, 1][..]), "split");
+    advance(ms(5)).await;
+    tx.send(1, 3).await.unwrap(); // sent while key 1 is out: due at 205 ms
+    advance(ms(15)).await; // 120 ms: key 2 came due while key 1 was out
+    first.retry().await.unwrap();
+    let next = rx.next_deadline();
+    let mut order = Vec::new();
+    while let Ok(batch) = rx.try_recv() {
+        order.extend(batch.iter().map(|d| *d.key()));
+        keyed_batch::ack::ack_all(batch).await.unwrap();
+    }
+    assert_eq!(
+        order[0], 1,
+        "key 1 (100 ms) before key 2 (110 ms): {order:?}"
+    );
+    assert_eq!(next, Some(start + ms(100)), "the deadline it went out with");
+}
+
+/// `Deliveries::close`: a key that went out for the close, before its deadline, counts as
+/// `close` again when retried after it, at once or by a `retry_after` (which the close does
+/// not wait out).
+#[tokio::test(start_paused = true)]
+async fn a_key_that_went_out_for_the_close_counts_close_when_retried() {
+    for delay in [Duration::ZERO, HOUR] {
+        let (tx, mut rx) = timed::Builder::new(Duration::from_secs(1)).acked();
+        tx.send("k", 1).await.unwrap();
+        advance(ms(100)).await;
+        drop(tx); // closed 900 ms before the key's deadline
+        let consumer = tokio::spawn(async move {
+            let d = rx.recv().await.unwrap().remove(0);
+            let by = rx.stats().delivered_by;
+            assert_eq!((by.close, by.due), (1, 0), "{by:?}");
+            advance(ms(100)).await;
+            d.retry_after(delay).await.unwrap();
+            let d = rx.recv().await.unwrap().remove(0);
+            assert_eq!(d.attempt(), 2);
+            d.ack().await.unwrap();
+            assert!(rx.recv().await.is_none());
+            rx.stats().delivered_by
+        });
+        let by = consumer.await.unwrap();
+        assert_eq!(
+            (by.close, by.due),
+            (2, 0),
+            "retried after {delay:?}: {by:?}"
+        );
+    }
+}
+
+/// `Deliveries::due`: a key that `drain_now` took before its deadline counted as `flush`;
+/// retried, it counts by its deadline's reason, `due`.
+#[tokio::test(start_paused = true)]
+async fn a_key_that_drain_now_took_counts_by_its_deadlines_reason_when_retried() {
+    let (tx, mut rx) = timed::Builder::new(Duration::from_secs(1)).acked();
+    tx.send("k", 1).await.unwrap();
+    let d = rx.drain_now().remove(0).remove(0);
+    let by = rx.stats().delivered_by;
+    assert_eq!((by.flush, by.due), (1, 0), "{by:?}");
+    d.retry().await.unwrap();
+    let d = rx.try_recv().unwrap().remove(0);
+    assert_eq!(d.attempt(), 2);
+    d.ack().await.unwrap();
+    let by = rx.stats().delivered_by;
+    assert_eq!((by.flush, by.due), (1, 1), "{by:?}");
+    drop(tx);
 }

@@ -786,6 +786,8 @@ trait Modelled: Flavour<K, V> + 'static {
     /// The rank a retried key is due again by, at the latest: its delivery went out at
     /// `rank`, and it is due again at `now` (its retry delay's end).
     fn retried(rank: Self::Rank, now: u64) -> Self::Rank;
+    /// When a key of this rank is due, if that is a time at all.
+    fn deadline(rank: &Self::Rank) -> Option<u64>;
     fn is_due(rank: &Self::Rank, now: u64) -> bool;
     /// Whether a key that came back from a durable channel's log ranks by when its values
     /// arrived on the wall clock, which paused time cannot place: the model then knows its
@@ -902,6 +904,10 @@ impl Modelled for Timed {
         now
     }
 
+    fn deadline(deadline: &u64) -> Option<u64> {
+        Some(*deadline)
+    }
+
     fn is_due(deadline: &u64, now: u64) -> bool {
         *deadline <= now
     }
@@ -958,6 +964,10 @@ impl Modelled for Ordered {
 
     fn requeue_rank(&self, sort_key: u8, _: u64) -> u8 {
         sort_key
+    }
+
+    fn deadline(_: &u8) -> Option<u64> {
+        None
     }
 
     fn retried(sort_key: u8, _: u64) -> u8 {
@@ -1590,10 +1600,14 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
         } else {
             acks.retried += values.len() as u64;
             self.model.give_back(key, values);
-            // After the close, due as of the close, as a requeue then is.
-            let due_at = self
-                .closed_at
-                .map_or(self.now, |closed| self.now.min(closed));
+            // After the close, due as of the close, as a requeue then is, unless it went out
+            // for the close (due after it).
+            let due_at = match self.closed_at {
+                Some(closed) => self
+                    .now
+                    .min(closed.max(F::deadline(&rank).unwrap_or(u64::MAX))),
+                None => self.now,
+            };
             match delay == 0 || self.closed {
                 true => self.model.release(key, Some(F::retried(rank, due_at))),
                 false => acks.delayed.push((self.now + delay, key, rank)),

@@ -478,9 +478,14 @@ where
                 // Only a retry needs the time: an ack is cheaper without it.
                 let now = self.now();
                 // After the close, due as of the close (the close held nothing back), so that
-                // it counts by its own reason in `Deliveries`, as a requeue then does.
-                let due_at = guard.closed_at.map_or(now, |closed| now.min(closed));
-                let rank = F::retried(rank.take().expect("not yet used"), due_at);
+                // it counts by its own reason in `Deliveries`, as a requeue then does; but one
+                // that went out for the close (due after it) stays after it: `close` again.
+                let went_out = rank.take().expect("not yet used");
+                let due_at = match guard.closed_at {
+                    Some(closed) => now.min(closed.max(F::deadline(&went_out).unwrap_or(u64::MAX))),
+                    None => now,
+                };
+                let rank = F::retried(went_out, due_at);
                 match flight.hold {
                     Some(hold) => {
                         // The slot keeps its own key: this one drops after the lock.
