@@ -198,7 +198,8 @@ impl<F, W> Builder<F, W> {
     }
 
     /// Bounds the pending keys: a value for a key that is not pending waits (`send`) or is
-    /// refused (`try_send`) while `n` keys are pending. Values for pending keys still go in.
+    /// refused (`try_send`) while `n` keys are pending. Values for pending keys still go in,
+    /// though not past a send that waits for room (see *Limits* in the crate docs).
     /// In an acknowledging channel, a key in flight counts as pending here until its
     /// delivery is decided, and values for it go in (rule 3 of the acknowledging receivers),
     /// unless that delivery went out unheld, its key's `Clone` having panicked (see *Panics

@@ -136,12 +136,15 @@
 //! | `max_key_weight(n)` | `timed` | a key's pending weight | the key is due at once |
 //! | `capacity(n)` | both | pending values (and, acknowledging, those in flight and dead letters not taken) | `send` waits, `try_send` returns `Full` |
 //! | `max_weight(n)` | both | pending weight, with the new value (and, acknowledging, the weight in flight and in dead letters) | `send` waits, `try_send` returns `Full`; a value heavier than `n` waits for a channel that holds nothing, in flight and in dead letters included |
-//! | `max_keys(n)` | both | pending keys (and, acknowledging, keys in flight, but for one delivered unheld: see *Panics in user code*) | a value for a new key waits (`send`) or is refused (`try_send`); values for pending keys still go in, after any earlier send of the same key |
+//! | `max_keys(n)` | both | pending keys (and, acknowledging, keys in flight, but for one delivered unheld: see *Panics in user code*) | a value for a new key waits (`send`) or is refused (`try_send`); values for pending keys still go in, after any earlier send of the same key and any send that waits for room |
 //!
 //! Waiting sends go in first come, first served, and `try_send` returns
 //! [`TrySendError::Full`](error::TrySendError::Full) while earlier sends wait for room
 //! (with `max_keys`, a value for a pending key goes in past sends that wait for a key slot,
-//! unless one of them is of the same key). A send that waited for a key slot waits for room
+//! unless one of them is of the same key). A send waits for room first, in turn, and only
+//! then, if its key is new and no slot is free, for a key slot: so a new key's send that
+//! lacks room holds back what comes after it, values for pending keys included, as any send
+//! that waits for room does. A send that waited for a key slot waits for room
 //! alone once it has one (the first of them takes a slot that comes free, and one whose key
 //! has become pending needs none), and from then on nothing sent after it goes past it. The
 //! values of one key go in in the order they were sent, so a value for a pending key waits

@@ -133,13 +133,12 @@ pub struct Deliveries {
     /// `timed`: the key's deadline passed (a requeued key is due at once, so it counts here,
     /// unless it was pending and due already for another reason: the first reason counts;
     /// a retried one is due when its retry delay ends, and counts by the reason it went out
-    /// with, as does one that a `retry_after` holds when the channel closes, unless values
-    /// sent for it while its delivery was in flight, before it was decided, made it due
-    /// sooner (their deadline passed before the retry's time, which `timed::AckReceiver`
-    /// gives, or they filled the key, or a flush came): their reason counts then; values
-    /// sent, or a flush, while a `retry_after` holds it change nothing; one that `drain_now`
-    /// took before it was due counts by its deadline's reason, `due` unless a full key or a
-    /// flush gave it another).
+    /// with, as does one that a `retry_after` holds when the channel closes, unless, before
+    /// it came due again (while its delivery was in flight, or a `retry_after` held it),
+    /// values sent for it or a flush made it due sooner: by their deadline, at or before
+    /// the retry's time that `timed::AckReceiver` gives, or as a full key, or by the flush;
+    /// that reason counts then. One that `drain_now` took before it was due counts by its
+    /// deadline's reason, `due` unless a full key or a flush gave it another).
     /// `ordered`: every delivery, since a key is due as soon as it is pending.
     pub due: u64,
     /// `timed`: the key reached `max_values_per_key` or `max_key_weight` before its deadline.

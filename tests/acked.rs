@@ -745,7 +745,7 @@ async fn a_retry_after_the_longest_delay_waits_for_the_close() {
 }
 
 /// `Deliveries::due`: values sent, or a flush, while a `retry_after` holds a key give it no
-/// other reason: it counts by the one it went out with.
+/// other reason when the deadline it went out with is earlier: it counts by that one's.
 #[tokio::test(start_paused = true)]
 async fn values_sent_while_a_retry_after_holds_the_key_give_it_no_other_reason() {
     let (tx, mut rx) = timed::Builder::new(secs(1)).acked();
@@ -1044,6 +1044,68 @@ async fn a_key_that_drain_now_took_counts_by_its_deadlines_reason_when_retried()
     d.retry().await.unwrap();
     let d = rx.try_recv().unwrap().remove(0);
     assert_eq!(d.attempt(), 2);
+    d.ack().await.unwrap();
+    let by = rx.stats().delivered_by;
+    assert_eq!((by.flush, by.due), (1, 1), "{by:?}");
+    drop(tx);
+}
+
+/// `timed::AckReceiver`, `Deliveries::due`: while a `retry_after` holds a key, a flush, a
+/// value that fills it, or a `send_by` earlier than its delay's end lowers the deadline it
+/// is due by when the delay ends, and a flush or a full key gives it that reason. Here key
+/// `k` (a value sent while it was out is due at 200 ms; held until 150 ms) comes before `c`
+/// (due at 130 ms), as of 110 ms.
+#[tokio::test(start_paused = true)]
+async fn what_comes_while_a_retry_after_holds_a_key_can_make_it_due_sooner() {
+    for what in ["flush", "fill", "send_by"] {
+        let builder = timed::Builder::new(ms(100));
+        let (tx, mut rx) = match what {
+            "fill" => builder.max_values_per_key(3).acked(),
+            _ => builder.acked(),
+        };
+        let start = Instant::now();
+        tx.send("k", 1).await.unwrap();
+        advance(ms(100)).await;
+        let d = rx.try_recv().unwrap().remove(0);
+        tx.send("k", 2).await.unwrap(); // due at 200 ms, behind the delivery
+        d.retry_after(ms(50)).await.unwrap(); // held until 150 ms
+        advance(ms(10)).await;
+        match what {
+            "flush" => tx.flush(&"k"),
+            "fill" => tx.send("k", 3).await.unwrap(),
+            _ => tx.send_by("k", 3, start + ms(115)).await.unwrap(),
+        }
+        tx.send_by("c", 9, start + ms(130)).await.unwrap();
+        advance(ms(60)).await;
+        let mut order = Vec::new();
+        while let Ok(batch) = rx.try_recv() {
+            order.extend(batch.iter().map(|d| *d.key()));
+            keyed_batch::ack::ack_all(batch).await.unwrap();
+        }
+        assert_eq!(order, vec!["k", "c"], "{what}");
+        let by = rx.stats().delivered_by;
+        let want = match what {
+            "flush" => (2, 1, 0),
+            "fill" => (2, 0, 1),
+            _ => (3, 0, 0),
+        };
+        assert_eq!((by.due, by.flush, by.full_key), want, "{what}: {by:?}");
+    }
+}
+
+/// `Deliveries::due`: a value sent while a key was out, due exactly at the retry's time,
+/// gives the retried key its reason (`due`), though the key went out for a flush.
+#[tokio::test(start_paused = true)]
+async fn a_newer_deadline_at_the_retry_time_gives_its_reason() {
+    let (tx, mut rx) = timed::Builder::new(ms(100)).acked();
+    tx.send("k", 1).await.unwrap();
+    tx.flush(&"k");
+    let d = rx.try_recv().unwrap().remove(0); // `flush`
+    tx.send("k", 2).await.unwrap(); // due at 100 ms
+    advance(ms(100)).await;
+    d.retry().await.unwrap();
+    let d = rx.try_recv().unwrap().remove(0);
+    assert_eq!(d.values(), &[1, 2]);
     d.ack().await.unwrap();
     let by = rx.stats().delivered_by;
     assert_eq!((by.flush, by.due), (1, 1), "{by:?}");

@@ -923,6 +923,40 @@ async fn max_keys_and_capacity() {
     assert_eq!(rx.key_count(), 2);
 }
 
+/// `max_keys` and `max_weight`: a new key's send waits for room first, in turn, and only
+/// then for a key slot. So while it lacks room, a value for a pending key that would fit
+/// waits behind it too (`try_send` is `Full`), as behind any send that waits for room; once
+/// room comes back, the new key's send waits for its slot, and values for the pending key
+/// go in past it.
+#[tokio::test(start_paused = true)]
+async fn a_new_keys_send_waits_for_room_before_its_key_slot() {
+    let (tx, mut rx) = ordered::Builder::new()
+        .max_keys(1)
+        .max_weight(3)
+        .max_batch(1)
+        .weigher(|v: &usize| *v)
+        .build::<u8, &str, usize>();
+    tx.send(0, "a", 1).await.unwrap();
+    tx.send(0, "a", 1).await.unwrap();
+    let other = tx.clone();
+    let waiting = tokio::spawn(async move { other.send(0, "b", 2).await });
+    tokio::task::yield_now().await;
+    assert!(!waiting.is_finished(), "no room and no slot");
+    let behind = tx.try_send(0, "a", 1).unwrap_err();
+    assert!(behind.is_full(), "behind a send that waits for room");
+    // Room comes back, but not the slot: "a" is still pending.
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1])]));
+    tokio::task::yield_now().await;
+    assert!(!waiting.is_finished(), "it waits for a key slot now");
+    tx.try_send(0, "a", 1).unwrap();
+    assert_eq!(rx.len(), 2, "a value for the pending key goes past it");
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1])]));
+    assert_eq!(rx.try_recv(), Ok(vec![("a", vec![1])]));
+    tokio::task::yield_now().await;
+    waiting.await.unwrap().unwrap();
+    assert_eq!(rx.try_recv(), Ok(vec![("b", vec![2])]));
+}
+
 /// Requeue always goes in: past `max_keys` and past `max_weight`.
 #[test]
 fn requeue_ignores_limits() {
