@@ -144,17 +144,17 @@
 //! unless one of them is of the same key). A send waits for room first, in turn, and only
 //! then, if its key is new and no slot is free, for a key slot: so a new key's send that
 //! lacks room holds back what comes after it, values for pending keys included, as any send
-//! that waits for room does. A send that waited for a key slot waits for room
-//! alone once it has one (the first of them takes a slot that comes free, and one whose key
-//! has become pending needs none), and from then on nothing sent after it goes past it. The
-//! values of one key go in in the order they were sent, so a value for a pending key waits
-//! behind an earlier send of that key that waits for a key slot. Room returns as soon as a
-//! batch is taken (in an acknowledging channel, when a delivery is decided). Values handed
-//! back with `requeue` always go in, past any of these limits. A value held by a sender's
-//! `Sink` impl holds no place in line: it goes in at the sink's next `poll_ready`,
-//! `poll_flush` or `poll_close` once there is room and no `send` waits for room (a value
-//! for a pending key goes in past sends that wait for a key slot, as above), so a sink that
-//! is no longer polled holds up no one.
+//! that waits for room does. A send that waited for a key slot waits for room alone once it
+//! has one (the first of them takes a slot that comes free, and one whose key has become
+//! pending needs none), and from then on nothing sent after it goes past it. The values of
+//! one key go in in the order they were sent, so a value for a pending key waits behind an
+//! earlier send of that key that waits for a key slot. Room returns as soon as a batch is
+//! taken (in an acknowledging channel, when a delivery is decided). Values handed back with
+//! `requeue` always go in, past any of these limits. A value held by a sender's `Sink` impl
+//! holds no place in line: it goes in at the sink's next `poll_ready`, `poll_flush` or
+//! `poll_close` once there is room and no `send` waits for room (a value for a pending key
+//! goes in past sends that wait for a key slot, as above), so a sink that is no longer
+//! polled holds up no one.
 //!
 //! # Flushing, draining and watching
 //!
@@ -310,24 +310,24 @@
 //! channel there (a send in a channel without an inbox, a flush, a handle dropped, and in a
 //! custom waker anything at all) may wait for the lock, which never comes free: a custom
 //! waker that owns a handle of the channel must not be the handle's last owner, since the
-//! channel may drop its copy of the waker under the lock. In an
-//! acknowledging channel, a key whose `Clone` panicked cannot be held: that delivery goes
-//! out whole, and values sent for the key while it is in flight are not held back, so the
-//! key may have more than one delivery out at once. Nor does such a delivery hold a
-//! `max_keys` slot: while it is out, a value sent for its key needs a slot, as a new key's
-//! does (its values still count toward `capacity` and `max_weight`). A later delivery of the key whose
-//! `Clone` does not panic is held as usual: newer values then wait for its decision. Each
-//! retry of a delivery that was not held puts its values back at once (`retry_after` does
-//! not wait out the delay), in front of the key's pending values (which wait for a held
-//! delivery of the key, if one is out): the values retried last come first, whatever order
-//! they were sent in. `Hash`, the weigher
-//! and, in a durable channel, `Serialize` run before the lock is taken, and never when a
-//! delivery is decided. Keys, values and sort keys are dropped, and wakers woken, after it
-//! is released, so their `Drop`, or a wake, may use the channel; the one exception is the
-//! key, value and sort key of a value whose putting-in panics under the lock before the
-//! value goes in (its key's `Eq`, or `Ord` or `Clone` of a sort key it is ranked against;
-//! or a receiver's `requeue` that hands values back with a weight that overflows the total),
-//! which are dropped as the panic unwinds, before the lock is released.
+//! channel may drop its copy of the waker under the lock. In an acknowledging channel, a
+//! key whose `Clone` panicked cannot be held: that delivery goes out whole, and values sent
+//! for the key while it is in flight are not held back, so the key may have more than one
+//! delivery out at once. Nor does such a delivery hold a `max_keys` slot: while it is out,
+//! a value sent for its key needs a slot, as a new key's does (its values still count
+//! toward `capacity` and `max_weight`). A later delivery of the key whose `Clone` does not
+//! panic is held as usual: newer values then wait for its decision. Each retry of a
+//! delivery that was not held puts its values back at once (`retry_after` does not wait out
+//! the delay), in front of the key's pending values (which wait for a held delivery of the
+//! key, if one is out): the values retried last come first, whatever order they were sent
+//! in. `Hash`, the weigher and, in a durable channel, `Serialize` run before the lock is
+//! taken, and never when a delivery is decided. Keys, values and sort keys are dropped, and
+//! wakers woken, after it is released, so their `Drop`, or a wake, may use the channel; the
+//! one exception is the key, value and sort key of a value whose putting-in panics under
+//! the lock before the value goes in (its key's `Eq`, or `Ord` or `Clone` of a sort key it
+//! is ranked against; or a receiver's `requeue` that hands values back with a weight that
+//! overflows the total), which are dropped as the panic unwinds, before the lock is
+//! released.
 
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

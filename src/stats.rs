@@ -42,13 +42,12 @@ pub struct Stats {
     /// How long ago the oldest pending run of values began: the time since the first value
     /// of the longest-waiting key went in (or was requeued into an empty key; for a value
     /// sent through the inbox, since it was sent: see *Panics in user code* in the crate
-    /// docs). `None` when
-    /// nothing is pending. In an acknowledging channel, values in flight are not pending;
-    /// values a retry brings back count from when the run they went out in began, or, if
-    /// nothing of the key was left pending and values came for it while they were in
-    /// flight, from when the first of those came (the rest of a key that a batch split
-    /// stays pending, with the run); those of a key whose `Clone` panicked, which cannot be
-    /// held, from the retry.
+    /// docs). `None` when nothing is pending. In an acknowledging channel, values in flight
+    /// are not pending; values a retry brings back count from when the run they went out in
+    /// began, or, if nothing of the key was left pending and values came for it while they
+    /// were in flight, from when the first of those came (the rest of a key that a batch
+    /// split stays pending, with the run); those of a key whose `Clone` panicked, which
+    /// cannot be held, from the retry.
     pub oldest_pending: Option<Duration>,
     /// Values that went in from `send`, `try_send` and their kin; requeues are not counted
     /// here, nor a value sent through the inbox that was lost before it went in (see
