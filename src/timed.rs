@@ -1343,8 +1343,9 @@ impl<K, V> fmt::Debug for Receiver<K, V> {
 /// [`give_up`](Delivery::give_up); dropped undecided, it is retried at once.
 ///
 /// A retried key is due by the earlier of its retry's time (the decision, or the end of a
-/// `retry_after` delay; after the close, the close, unless the key went out for it) and the
-/// deadline it had until then. That is the one it went out with, which the rest of a key
+/// `retry_after` delay; after the close, the close, or, for a key that went out for the
+/// close, taken after it and not due by then, its deadline) and the deadline it had until
+/// then. That is the one it went out with, which the rest of a key
 /// that a batch split keeps; or, if nothing of the key was left pending and values were
 /// sent for it while it was out, the earliest of theirs; in either case lowered by any
 /// earlier one that values sent for it, or a flush (as of its time), or filling the key (as

@@ -1111,3 +1111,50 @@ async fn a_newer_deadline_at_the_retry_time_gives_its_reason() {
     assert_eq!((by.flush, by.due), (1, 1), "{by:?}");
     drop(tx);
 }
+
+/// `Deliveries::close`: a key that went out for the close counts as `close` again when
+/// retried at the very moment of the close, too: its retry keeps its deadline, after it.
+#[tokio::test(start_paused = true)]
+async fn a_key_that_went_out_for_the_close_retried_at_the_close_counts_close() {
+    let (tx, mut rx) = timed::Builder::new(Duration::from_secs(1)).acked();
+    tx.send("k", 1).await.unwrap();
+    drop(tx);
+    let consumer = tokio::spawn(async move {
+        let d = rx.recv().await.unwrap().remove(0); // `close`
+        d.retry().await.unwrap();
+        let d = rx.recv().await.unwrap().remove(0);
+        d.ack().await.unwrap();
+        assert!(rx.recv().await.is_none());
+        rx.stats().delivered_by
+    });
+    let by = consumer.await.unwrap();
+    assert_eq!((by.close, by.due), (2, 0), "{by:?}");
+}
+
+/// `timed::AckReceiver`: a key that `drain_now` took before the close did not go out for
+/// it: retried after the close, it is due as of the close, before a key due after it, and
+/// counts by its deadline's reason (`due`).
+#[tokio::test(start_paused = true)]
+async fn a_key_drain_now_took_before_the_close_is_due_by_the_close_when_retried_after_it() {
+    let start = Instant::now();
+    let (tx, mut rx) = timed::Builder::new(Duration::from_secs(1)).acked();
+    tx.send("k", 1).await.unwrap();
+    let d = rx.drain_now().remove(0).remove(0); // `flush`
+    advance(ms(50)).await;
+    tx.send_by("b", 2, start + ms(150)).await.unwrap();
+    advance(ms(50)).await;
+    rx.close(); // at 100 ms
+    advance(ms(100)).await;
+    d.retry().await.unwrap(); // at 200 ms
+    let consumer = tokio::spawn(async move {
+        let mut order = Vec::new();
+        while let Some(batch) = rx.recv().await {
+            order.extend(batch.iter().map(|d| *d.key()));
+            keyed_batch::ack::ack_all(batch).await.unwrap();
+        }
+        (order, rx.stats().delivered_by)
+    });
+    let (order, by) = consumer.await.unwrap();
+    assert_eq!(order, vec!["k", "b"], "{by:?}");
+    assert_eq!((by.flush, by.due, by.close), (1, 1, 1), "{by:?}");
+}

@@ -1130,6 +1130,8 @@ struct Flight<R> {
     attempt: u32,
     /// The key's rank when it went out.
     rank: R,
+    /// It went out for the close: taken after it, and not due by then.
+    for_close: bool,
     /// The real delivery, once the receive that took it is checked.
     delivery: Option<Delivery<K, V>>,
 }
@@ -1479,11 +1481,15 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
         // A held key keeps what a split left of it.
         let entry = self.model.entries.iter().find(|e| e.key == key);
         acks.split.extend(entry.into_iter().flat_map(|e| &e.values));
+        let for_close = self
+            .closed_at
+            .is_some_and(|closed| !F::is_due(&rank, closed));
         acks.flights.push(Flight {
             key,
             values: values.clone(),
             attempt,
             rank,
+            for_close,
             delivery: None,
         });
         M::seen(key, values, attempt)
@@ -1572,6 +1578,7 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
             values,
             attempt,
             rank,
+            for_close,
             ..
         } = flight;
         let acks = &mut self.acks;
@@ -1600,12 +1607,11 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
         } else {
             acks.retried += values.len() as u64;
             self.model.give_back(key, values);
-            // After the close, due as of the close, as a requeue then is, unless it went out
-            // for the close (due after it).
+            // After the close, due as of the close, as a requeue then is; one that went out
+            // for the close keeps its deadline.
             let due_at = match self.closed_at {
-                Some(closed) => self
-                    .now
-                    .min(closed.max(F::deadline(&rank).unwrap_or(u64::MAX))),
+                Some(_) if for_close => F::deadline(&rank).unwrap_or(u64::MAX),
+                Some(closed) => self.now.min(closed),
                 None => self.now,
             };
             match delay == 0 || self.closed {

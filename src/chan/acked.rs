@@ -82,6 +82,8 @@ struct Flight<R> {
     weights: Option<Vec<usize>>,
     /// The values' sequence numbers in a durable channel's log; empty in other channels.
     seqs: Vec<u64>,
+    /// It went out for the close: taken after it, and not due by then (`Deliveries::close`).
+    for_close: bool,
 }
 
 /// The deliveries in flight, in a slab: an id is a slot's index and its generation, so a
@@ -248,6 +250,7 @@ where
         self.release_retries(state, now);
         let (max_values, max_weight) = (self.config.max_batch, self.config.max_batch_weight);
         let epoch = self.epoch;
+        let closed_at = state.closed_at;
         self.pop_with(state, now, take, |state, is_due| {
             let State {
                 queue,
@@ -284,11 +287,13 @@ where
                 acked.in_flight_values += values;
                 acked.in_flight_weight += taken.weight;
                 acked.attempts[(attempt as usize - 1).min(7)] += 1;
+                let rank = taken.rank.expect("a held or whole key keeps its rank");
+                let for_close = closed_at.is_some_and(|closed| !F::is_due(&rank, closed));
                 let id = acked.flights.insert(Flight {
                     hold: taken.hold,
                     count: values,
                     weight: taken.weight,
-                    rank: taken.rank.expect("a held or whole key keeps its rank"),
+                    rank,
                     handed: taken.front.handed,
                     attempt,
                     entered,
@@ -296,6 +301,7 @@ where
                     hash: taken.run.hash,
                     weights: taken.front.weights,
                     seqs: taken.front.seqs,
+                    for_close,
                 });
                 let entered = flavor::instant(epoch, entered).unwrap_or(epoch);
                 let link = Arc::clone(link);
@@ -479,10 +485,11 @@ where
                 let now = self.now();
                 // After the close, due as of the close (the close held nothing back), so that
                 // it counts by its own reason in `Deliveries`, as a requeue then does; but one
-                // that went out for the close (due after it) stays after it: `close` again.
+                // that went out for the close keeps its deadline, after it: `close` again.
                 let went_out = rank.take().expect("not yet used");
                 let due_at = match guard.closed_at {
-                    Some(closed) => now.min(closed.max(F::deadline(&went_out).unwrap_or(u64::MAX))),
+                    Some(_) if flight.for_close => F::deadline(&went_out).unwrap_or(u64::MAX),
+                    Some(closed) => now.min(closed),
                     None => now,
                 };
                 let rank = F::retried(went_out, due_at);
