@@ -706,7 +706,9 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
     /// Makes `key` due at once, if it has pending values. A key held by
     /// [`Delivery::retry_after`](crate::ack::Delivery::retry_after) still waits out its
     /// delay, and a key in flight in an acknowledging channel waits for its decision (its
-    /// newer values are due at once after it).
+    /// newer values are due at once after it). Either way, with or without pending values,
+    /// the flush then counts among the deadlines a retried key is due by (see
+    /// [`AckReceiver`]): such a key ranks as of the flush at the latest.
     ///
     /// # Examples
     ///
@@ -726,7 +728,8 @@ impl<K: Hash + Eq + Clone, V> Sender<K, V> {
 
     /// Makes every pending key due at once. Keys that come later are not affected. Keys
     /// held by [`Delivery::retry_after`](crate::ack::Delivery::retry_after) still wait out
-    /// their delay, and keys in flight in an acknowledging channel wait for their decision.
+    /// their delay, and keys in flight in an acknowledging channel wait for their decision;
+    /// as for [`flush`](Self::flush), each then ranks as of the flush at the latest.
     ///
     /// # Examples
     ///

@@ -1158,3 +1158,32 @@ async fn a_key_drain_now_took_before_the_close_is_due_by_the_close_when_retried_
     assert_eq!(order, vec!["k", "b"], "{by:?}");
     assert_eq!((by.flush, by.due, by.close), (1, 1, 1), "{by:?}");
 }
+
+/// `flush` and `flush_all` of a key in flight with nothing pending: its retry ranks as of
+/// the flush at the latest, with that reason. Here `k`, taken early by `drain_now` (due at
+/// 100 ms), flushed at 10 ms and retried at 20 ms, comes before `c` (due at 15 ms).
+#[tokio::test(start_paused = true)]
+async fn a_flush_of_a_key_in_flight_ranks_its_retry() {
+    for all in [false, true] {
+        let (tx, mut rx) = timed::Builder::new(ms(100)).acked();
+        let start = Instant::now();
+        tx.send("k", 1).await.unwrap();
+        let d = rx.drain_now().remove(0).remove(0); // `flush`
+        advance(ms(10)).await;
+        match all {
+            true => tx.flush_all(),
+            false => tx.flush(&"k"),
+        }
+        tx.send_by("c", 2, start + ms(15)).await.unwrap();
+        advance(ms(10)).await;
+        d.retry().await.unwrap();
+        let mut order = Vec::new();
+        while let Ok(batch) = rx.try_recv() {
+            order.extend(batch.iter().map(|d| *d.key()));
+            keyed_batch::ack::ack_all(batch).await.unwrap();
+        }
+        assert_eq!(order, vec!["k", "c"], "flush_all: {all}");
+        let by = rx.stats().delivered_by;
+        assert_eq!((by.flush, by.due), (2, 1), "flush_all: {all}: {by:?}");
+    }
+}

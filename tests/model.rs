@@ -786,8 +786,6 @@ trait Modelled: Flavour<K, V> + 'static {
     /// The rank a retried key is due again by, at the latest: its delivery went out at
     /// `rank`, and it is due again at `now` (its retry delay's end).
     fn retried(rank: Self::Rank, now: u64) -> Self::Rank;
-    /// When a key of this rank is due, if that is a time at all.
-    fn deadline(rank: &Self::Rank) -> Option<u64>;
     fn is_due(rank: &Self::Rank, now: u64) -> bool;
     /// Whether a key that came back from a durable channel's log ranks by when its values
     /// arrived on the wall clock, which paused time cannot place: the model then knows its
@@ -904,10 +902,6 @@ impl Modelled for Timed {
         now
     }
 
-    fn deadline(deadline: &u64) -> Option<u64> {
-        Some(*deadline)
-    }
-
     fn is_due(deadline: &u64, now: u64) -> bool {
         *deadline <= now
     }
@@ -964,10 +958,6 @@ impl Modelled for Ordered {
 
     fn requeue_rank(&self, sort_key: u8, _: u64) -> u8 {
         sort_key
-    }
-
-    fn deadline(_: &u8) -> Option<u64> {
-        None
     }
 
     fn retried(sort_key: u8, _: u64) -> u8 {
@@ -1608,14 +1598,14 @@ impl<F: Modelled, M: Mode<F>> Harness<F, M> {
             acks.retried += values.len() as u64;
             self.model.give_back(key, values);
             // After the close, due as of the close, as a requeue then is; one that went out
-            // for the close keeps its deadline.
-            let due_at = match self.closed_at {
-                Some(_) if for_close => F::deadline(&rank).unwrap_or(u64::MAX),
-                Some(closed) => self.now.min(closed),
-                None => self.now,
+            // for the close keeps its rank.
+            let retried = match self.closed_at {
+                Some(_) if for_close => rank,
+                Some(closed) => F::retried(rank, self.now.min(closed)),
+                None => F::retried(rank, self.now),
             };
             match delay == 0 || self.closed {
-                true => self.model.release(key, Some(F::retried(rank, due_at))),
+                true => self.model.release(key, Some(retried)),
                 false => acks.delayed.push((self.now + delay, key, rank)),
             }
         }
@@ -2598,6 +2588,57 @@ mod durable {
         ) {
             run_durable(Ordered, limits, weights, segment_size, ops);
         }
+    }
+
+    /// Shrunk from `timed_durable_matches_model`. Keys that went out for the close, with
+    /// deadlines past the range, and were retried, keep their ranks: the one whose run came
+    /// first still comes first. A first version of the rule ranked such a retry just short of
+    /// "never", ahead of a pending key of an older run.
+    #[test]
+    fn a_retry_of_a_key_that_went_out_for_the_close_keeps_its_rank() {
+        let limits = Limits {
+            max_batch: None,
+            capacity: None,
+            per_key: Some(2),
+            max_batch_weight: None,
+            max_weight: None,
+            max_keys: None,
+            key_weight: None,
+            max_attempts: Some(2),
+        };
+        let try_send = |key| Op::TrySend {
+            tx: 0,
+            key,
+            input: 0,
+            plain: false,
+        };
+        let send = |key| Op::Send {
+            tx: 0,
+            key,
+            input: 0,
+            plain: false,
+        };
+        let ops = vec![
+            try_send(0),
+            send(1),
+            send(4),
+            try_send(1),
+            send(4),
+            send(2),
+            Op::TryRecv(0),
+            Op::Reopen {
+                flights_first: false,
+            },
+            Op::CancelSend(0),
+            try_send(1),
+            try_send(2),
+            Op::TryRecv(0),
+            Op::CloneRx(0),
+            try_send(1),
+            try_send(0),
+            send(3),
+        ];
+        run_durable(Timed { window: NEVER }, limits, None, 64 << 20, ops);
     }
 }
 

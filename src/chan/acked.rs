@@ -485,14 +485,13 @@ where
                 let now = self.now();
                 // After the close, due as of the close (the close held nothing back), so that
                 // it counts by its own reason in `Deliveries`, as a requeue then does; but one
-                // that went out for the close keeps its deadline, after it: `close` again.
+                // that went out for the close keeps its rank, after it: `close` again.
                 let went_out = rank.take().expect("not yet used");
-                let due_at = match guard.closed_at {
-                    Some(_) if flight.for_close => F::deadline(&went_out).unwrap_or(u64::MAX),
-                    Some(closed) => now.min(closed),
-                    None => now,
+                let rank = match guard.closed_at {
+                    Some(_) if flight.for_close => went_out,
+                    Some(closed) => F::retried(went_out, now.min(closed)),
+                    None => F::retried(went_out, now),
                 };
-                let rank = F::retried(went_out, due_at);
                 match flight.hold {
                     Some(hold) => {
                         // The slot keeps its own key: this one drops after the lock.
