@@ -33,6 +33,20 @@ async fn ack_all<K: Send + 'static, V: Send + 'static>(batch: Vec<Delivery<K, V>
     }
 }
 
+/// Takes every batch due now, acknowledging each; returns their keys in the order they came.
+async fn keys_due_now<K, V>(rx: &mut timed::AckReceiver<K, V>) -> Vec<K>
+where
+    K: std::hash::Hash + Eq + Copy + Send + 'static,
+    V: Send + 'static,
+{
+    let mut order = Vec::new();
+    while let Ok(batch) = rx.try_recv() {
+        order.extend(batch.iter().map(|d| *d.key()));
+        keyed_batch::ack::ack_all(batch).await.unwrap();
+    }
+    order
+}
+
 // ===== rule 1: one delivery per key in flight =====
 
 /// Rule 1: while a key has an undecided delivery, its newer values wait and no receiver,
@@ -848,11 +862,7 @@ async fn a_retried_key_keeps_the_deadline_it_went_out_with() {
             false => assert_eq!(next, Some(start + ms(110)), "key 2's: key 1 is held"),
         }
         advance(delay).await;
-        let mut order = Vec::new();
-        while let Some(batch) = rx.try_recv().ok().filter(|_| order.len() < 2) {
-            order.extend(batch.iter().map(|d| *d.key()));
-            keyed_batch::ack::ack_all(batch).await.unwrap();
-        }
+        let order = keys_due_now(&mut rx).await;
         assert_eq!(order, vec![1, 2], "retried after {delay:?}");
     }
 }
@@ -907,11 +917,7 @@ async fn a_retried_key_with_newer_values_is_due_by_theirs() {
     tx.send(1, 11).await.unwrap(); // due at 210 ms, behind the delivery
     advance(ms(190)).await;
     delivery.retry().await.unwrap();
-    let mut order = Vec::new();
-    while let Ok(batch) = rx.try_recv() {
-        order.extend(batch.iter().map(|d| *d.key()));
-        keyed_batch::ack::ack_all(batch).await.unwrap();
-    }
+    let order = keys_due_now(&mut rx).await;
     // Key 1's two values go out a batch each.
     let want = vec![2, 1, 1];
     assert_eq!(order, want, "key 2 (205 ms) before key 1 (210 ms, not 100)");
@@ -989,11 +995,7 @@ async fn a_split_keys_retry_keeps_the_deadline_it_went_out_with() {
     advance(ms(15)).await; // 120 ms: key 2 came due while key 1 was out
     first.retry().await.unwrap();
     let next = rx.next_deadline();
-    let mut order = Vec::new();
-    while let Ok(batch) = rx.try_recv() {
-        order.extend(batch.iter().map(|d| *d.key()));
-        keyed_batch::ack::ack_all(batch).await.unwrap();
-    }
+    let order = keys_due_now(&mut rx).await;
     assert_eq!(
         order[0], 1,
         "key 1 (100 ms) before key 2 (110 ms): {order:?}"
@@ -1077,11 +1079,7 @@ async fn what_comes_while_a_retry_after_holds_a_key_can_make_it_due_sooner() {
         }
         tx.send_by("c", 9, start + ms(130)).await.unwrap();
         advance(ms(60)).await;
-        let mut order = Vec::new();
-        while let Ok(batch) = rx.try_recv() {
-            order.extend(batch.iter().map(|d| *d.key()));
-            keyed_batch::ack::ack_all(batch).await.unwrap();
-        }
+        let order = keys_due_now(&mut rx).await;
         assert_eq!(order, vec!["k", "c"], "{what}");
         let by = rx.stats().delivered_by;
         let want = match what {
@@ -1177,11 +1175,7 @@ async fn a_flush_of_a_key_in_flight_ranks_its_retry() {
         tx.send_by("c", 2, start + ms(15)).await.unwrap();
         advance(ms(10)).await;
         d.retry().await.unwrap();
-        let mut order = Vec::new();
-        while let Ok(batch) = rx.try_recv() {
-            order.extend(batch.iter().map(|d| *d.key()));
-            keyed_batch::ack::ack_all(batch).await.unwrap();
-        }
+        let order = keys_due_now(&mut rx).await;
         assert_eq!(order, vec!["k", "c"], "flush_all: {all}");
         let by = rx.stats().delivered_by;
         assert_eq!((by.flush, by.due), (2, 1), "flush_all: {all}: {by:?}");
