@@ -346,29 +346,27 @@ impl<F: Flavor, K, V> DerefMut for Guard<'_, F, K, V> {
 
 impl<F: Flavor, K, V> Drop for Guard<'_, F, K, V> {
     fn drop(&mut self) {
-        let Some(mut state) = self.state.take() else {
+        let Some(state) = self.state.as_mut() else {
             return;
         };
         if let Some((_, take_in)) = self.chan.inbox.as_deref() {
             if HOLDING.get() & OWED != 0 {
-                pay_owed(self.chan, &mut state, *take_in);
+                pay_owed(self.chan, state, *take_in);
                 state.inbox_leads = true;
             }
             // Guards are dropped in the reverse of the order they were made.
             HOLDING.set(state.held_before);
         }
+        if mem::take(&mut state.inbox_leads) {
+            self.wake_receivers();
+        }
+        let mut state = self.state.take().expect("the guard holds the lock");
         let trash = match mem::needs_drop::<F::Rank>() {
             true => state.queue.take_trash(),
             false => Vec::new(),
         };
         let spares = mem::take(&mut state.spares);
         let lost = mem::take(&mut state.inbox_lost);
-        if mem::take(&mut state.inbox_leads) && !self.receivers_woken {
-            state.receiving.wake_all(&mut self.wakes);
-            if let Some((inbox, _)) = self.chan.inbox.as_deref() {
-                inbox.woken();
-            }
-        }
         drop(state);
         drop(trash);
         drop(spares);

@@ -223,6 +223,16 @@ pub(crate) enum Release<R> {
     Lower(R),
 }
 
+/// Lowers a released key's rank as `release` says: the rank left over, for the index to
+/// drop, if any. May run user `Ord`.
+fn lowered<R: Ord>(rank: &mut R, release: Release<R>) -> Option<R> {
+    match release {
+        Release::Keep => None,
+        Release::Lower(r) if r >= *rank => Some(r),
+        Release::Lower(r) => Some(std::mem::replace(rank, r)),
+    }
+}
+
 /// A key's current run of pending values, to tell later whether it is still pending.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Run {
@@ -1096,20 +1106,13 @@ where
             // An earlier panic tore the index. The hold ends all the same, and the next
             // call's rebuild gives the slot its ticket (by then `Ord` may not panic: a
             // rebuild here that did would leave the key held). Whether it leads is not known.
-            if let Release::Lower(r) = rank {
-                match r < slot.rank {
-                    true => index.discard(std::mem::replace(&mut slot.rank, r)),
-                    false => index.discard(r),
-                }
+            if let Some(old) = lowered(&mut slot.rank, rank) {
+                index.discard(old);
             }
             return (true, None);
         }
         let old = index.guard(|index| {
-            let old = match rank {
-                Release::Keep => None,
-                Release::Lower(r) if r >= slot.rank => Some(r),
-                Release::Lower(r) => Some(std::mem::replace(&mut slot.rank, r)),
-            };
+            let old = lowered(&mut slot.rank, rank);
             index.push(Ticket {
                 rank: slot.rank.clone(),
                 seq: slot.seq,
